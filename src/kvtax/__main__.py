@@ -1,0 +1,3 @@
+from kvtax.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""The one small interface every cache kind shares (mlx-lm's `_BaseCache` in spirit).
+
+A cache is created empty and learns batch, KV heads, head_dim, dtype and device from
+its first `append`. Appending quantizes only the new tokens; `view()` hands attention
+the quantized storage as is.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from kvtax.attention.view import CacheView
+from kvtax.cache.storage import Storage, round_up
+from kvtax.errors import ShapeError
+from kvtax.formats import KVSpec, QTensor, check_input
+
+
+class BaseCache(ABC):
+    """Shared state and checks; subclasses decide where tokens go.
+
+    Attributes: `spec` (K/V formats), `length` (tokens seen), `nbytes` (allocated bytes
+    of codes + scales + biases), `used_nbytes` (bytes of the tokens held), and
+    `growth_events` (storage reallocations so far; the harness records whether one fell
+    inside a timed window).
+    """
+
+    def __init__(
+        self,
+        spec: str | KVSpec = "fp16",
+        *,
+        capacity: int | None = None,
+        growable: bool | None = None,
+        check_finite: bool = True,
+    ) -> None:
+        self.spec = KVSpec.parse(spec)
+        if capacity is not None and capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self._capacity_hint = capacity
+        self._growable = capacity is None if growable is None else growable
+        self.check_finite = check_finite
+        self.length = 0
+        self.store: Storage | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.store is None else self.store.nbytes
+
+    @property
+    def used_nbytes(self) -> int:
+        if self.store is None:
+            return 0
+        s = self.store
+        per = self.spec.bytes_per_token(s.head_dim, s.dtype)
+        return per * s.batch * s.num_kv_heads * self.held_tokens
+
+    @property
+    def growth_events(self) -> int:
+        return 0 if self.store is None else self.store.growth_events
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.store is None else self.store.capacity
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens physically held (a sliding cache holds fewer than it has seen)."""
+        return self.length
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Quantize and store new tokens. `k`, `v`: `[B, H_kv, T, D]`, same dtype/device."""
+        self._check(k, v)
+        if self.store is None:
+            self.store = self._allocate(k)
+        self._append(k, v)
+
+    @abstractmethod
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def view(self) -> CacheView:
+        """The storage and slot→position map attention reads."""
+
+    @abstractmethod
+    def trim(self, n: int) -> int:
+        """Drop the newest `n` tokens; returns how many were dropped."""
+
+    def reset(self) -> None:
+        """Forget every token; storage stays allocated so a new prompt reuses it."""
+        self.length = 0
+
+    def _initial_capacity(self, first: int) -> int:
+        if self._capacity_hint is not None:
+            return max(self._capacity_hint, first) if self._growable else self._capacity_hint
+        return round_up(first)
+
+    def _allocate(self, k: torch.Tensor) -> Storage:
+        b, h, t, d = k.shape
+        return Storage(
+            self.spec, b, h, d, k.dtype, k.device, self._initial_capacity(t), self._growable
+        )
+
+    def _quantize(self, k: torch.Tensor, v: torch.Tensor) -> tuple[QTensor, QTensor]:
+        return self.spec.key.quantize(k), self.spec.value.quantize(v)
+
+    def _check(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        if k.dim() != 4 or v.dim() != 4:
+            raise ShapeError(
+                f"append takes k, v of shape [batch, kv_heads, tokens, head_dim]; got "
+                f"{tuple(k.shape)} and {tuple(v.shape)}"
+            )
+        if k.shape != v.shape:
+            raise ShapeError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
+        if k.dtype != v.dtype or k.device != v.device:
+            raise ShapeError("k and v must share dtype and device")
+        check_input(k, self.spec.key, check_finite=self.check_finite)
+        check_input(v, self.spec.value, check_finite=self.check_finite)
+        s = self.store
+        if s is not None:
+            want = (s.batch, s.num_kv_heads, s.head_dim)
+            got = (k.shape[0], k.shape[1], k.shape[3])
+            if want != got:
+                raise ShapeError(
+                    f"this cache holds (batch, kv_heads, head_dim) = {want}, got {got}; "
+                    "use one cache per layer and reset() it for a new batch shape"
+                )
+            if k.dtype != s.dtype or k.device != s.device:
+                raise ShapeError(
+                    f"this cache holds {s.dtype} on {s.device}, got {k.dtype} on {k.device}"
+                )

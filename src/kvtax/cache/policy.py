@@ -1,0 +1,53 @@
+"""Per-layer cache choice: which layers slide, and which format each layer stores."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from kvtax.cache.base import BaseCache
+from kvtax.cache.full import FullCache
+from kvtax.cache.sliding import SlidingCache
+from kvtax.formats import KVSpec
+
+
+def make_caches(
+    windows: Sequence[int | None],
+    spec: str | KVSpec = "fp16",
+    *,
+    sliding_spec: str | KVSpec | None = None,
+    overrides: Mapping[int, str | KVSpec] | None = None,
+    sinks: int = 0,
+    capacity: int | None = None,
+    max_chunk: int | None = None,
+    check_finite: bool = True,
+) -> list[BaseCache]:
+    """One cache per layer.
+
+    windows:      per layer, None for full attention or the sliding window size.
+    spec:         format of full-attention layers (e.g. "int4", "k8v4").
+    sliding_spec: format of sliding layers (default: `spec`); "fp16" keeps them unquantized.
+    overrides:    layer index → format, applied last (e.g. keep layer 0 in fp16).
+    capacity:     preallocate full caches to this many tokens (prompt + max new tokens).
+
+    Example: `make_caches([512, 512, None], "int4", sliding_spec="fp16")`.
+    """
+    overrides = dict(overrides or {})
+    bad = [i for i in overrides if not 0 <= i < len(windows)]
+    if bad:
+        raise ValueError(f"overrides name layers {bad} outside 0..{len(windows) - 1}")
+    caches: list[BaseCache] = []
+    for i, window in enumerate(windows):
+        layer_spec = overrides.get(i, spec if window is None else (sliding_spec or spec))
+        if window is None:
+            caches.append(FullCache(layer_spec, capacity=capacity, check_finite=check_finite))
+        else:
+            caches.append(
+                SlidingCache(
+                    layer_spec,
+                    window=window,
+                    sinks=sinks,
+                    max_chunk=max_chunk,
+                    check_finite=check_finite,
+                )
+            )
+    return caches

@@ -1,0 +1,141 @@
+"""A sliding-window (rotating) cache that quantizes, with optional attention sinks.
+
+mlx-lm's RotatingKVCache raises NotImplementedError when asked to quantize; here the
+ring simply stores quantized rows. The first `sinks` positions sit in fixed slots; the
+rest go round a ring of `ring` slots (see kvtax.attention.view for the slot map).
+
+A chunk of L queries needs the W - 1 keys before its first query as well as its own L,
+so the ring holds `W - 1 + L_max` slots, where L_max is the longest chunk appended
+(decode alone needs just W). The ring grows, re-laid-out, when a longer chunk arrives,
+unless `max_chunk` fixed it up front.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvtax.attention.view import CacheView
+from kvtax.cache.base import BaseCache
+from kvtax.cache.storage import Storage
+from kvtax.errors import CapacityError
+from kvtax.formats import KVSpec, QTensor
+
+
+class SlidingCache(BaseCache):
+    """Keeps the first `sinks` tokens and the last `window` (+ one chunk) tokens.
+
+    Example:
+        cache = SlidingCache("int8", window=512, sinks=4)
+        cache.append(k, v)      # any number of tokens, [B, H_kv, T, D]
+        attention(q, cache.view())   # masks keys outside the window
+    """
+
+    def __init__(
+        self,
+        spec: str | KVSpec = "fp16",
+        *,
+        window: int,
+        sinks: int = 0,
+        max_chunk: int | None = None,
+        check_finite: bool = True,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if sinks < 0:
+            raise ValueError(f"sinks must be >= 0, got {sinks}")
+        fixed = max_chunk is not None
+        super().__init__(spec, growable=not fixed, check_finite=check_finite)
+        self.window, self.sinks = window, sinks
+        self.ring = window - 1 + (max_chunk if fixed else 1)
+
+    @property
+    def ring_tokens(self) -> int:
+        return max(self.length - self.sinks, 0)
+
+    @property
+    def held_tokens(self) -> int:
+        return min(self.length, self.sinks) + min(self.ring_tokens, self.ring)
+
+    def _allocate(self, k: torch.Tensor) -> Storage:
+        b, h, t, d = k.shape
+        if self._growable:
+            self.ring = max(self.ring, self.window - 1 + t)
+        return Storage(
+            self.spec, b, h, d, k.dtype, k.device, self.sinks + self.ring, self._growable
+        )
+
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        assert self.store is not None
+        n_new = k.shape[2]
+        p0 = self.length
+        n_sink = max(0, min(self.sinks - p0, n_new))
+        n_ring = n_new - n_sink
+        if n_ring and self.window - 1 + n_ring > self.ring:
+            self._grow_ring(self.window - 1 + n_ring)
+        qk, qv = self._quantize(k, v)
+        if n_sink:
+            self.store.write(p0, qk.slice_tokens(0, n_sink), qv.slice_tokens(0, n_sink))
+        if n_ring:
+            t0 = p0 + n_sink - self.sinks
+            slots = self.sinks + torch.remainder(
+                torch.arange(t0, t0 + n_ring, device=k.device), self.ring
+            )
+            self.store.write_index(
+                slots, qk.slice_tokens(n_sink, n_new), qv.slice_tokens(n_sink, n_new)
+            )
+        self.length += n_new
+
+    def _grow_ring(self, ring: int) -> None:
+        assert self.store is not None
+        if not self._growable:
+            raise CapacityError(
+                f"sliding cache was fixed for chunks of <= {self.ring - self.window + 1} "
+                f"tokens (max_chunk); a chunk needs a ring of {ring}. Raise max_chunk"
+            )
+        s = self.store
+        old = self.view()
+        # Keep every held ring token at its new slot sinks + t % ring.
+        held = old.slot_positions()
+        new_slots = torch.where(
+            held < self.sinks, held, self.sinks + torch.remainder(held - self.sinks, ring)
+        )
+        src = torch.arange(held.numel(), device=held.device)
+        parts_k, parts_v = [], []
+        for parts, q in ((parts_k, s.k), (parts_v, s.v)):
+            for t in q:
+                if t is None:
+                    parts.append(None)
+                    continue
+                new = torch.empty(
+                    *t.shape[:2], self.sinks + ring, t.shape[3], dtype=t.dtype, device=t.device
+                )
+                new.index_copy_(2, new_slots, t.index_select(2, src))
+                parts.append(new)
+        s.replace(QTensor(*parts_k), QTensor(*parts_v), self.sinks + ring)
+        self.ring = ring
+
+    def view(self) -> CacheView:
+        if self.store is None:
+            raise RuntimeError("the cache is empty: append K/V before reading it")
+        s = self.store
+        return CacheView(
+            s.k,
+            s.v,
+            self.spec,
+            s.head_dim,
+            self.length,
+            sinks=self.sinks,
+            ring=self.ring,
+            window=self.window,
+            dtype=s.dtype,
+        )
+
+    def trim(self, n: int) -> int:
+        n = max(0, min(n, self.length))
+        if self.ring_tokens > self.ring and n:
+            raise CapacityError(
+                "cannot trim a sliding cache after its ring wrapped: the tokens the trimmed "
+                "ones overwrote are gone. Re-run the prompt instead"
+            )
+        self.length -= n
+        return n

@@ -1,0 +1,95 @@
+"""Preallocated K/V storage in one format pair, grown geometrically when allowed.
+
+Growth doubles capacity (rounded up to `STEP` tokens), so a prefill of n tokens in
+chunks copies O(log n) times instead of once per chunk (mlx-lm grows by 256 each time,
+which the seeds measured as a resize churn confound).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvtax.errors import CapacityError
+from kvtax.formats import KVSpec, QTensor
+
+STEP = 256
+
+
+def round_up(n: int, step: int = STEP) -> int:
+    return max(step, -(-n // step) * step)
+
+
+class Storage:
+    """K and V storage `[B, H_kv, capacity, width]` per part; `ensure()` grows it."""
+
+    def __init__(
+        self,
+        spec: KVSpec,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        capacity: int,
+        growable: bool,
+    ) -> None:
+        spec.check(head_dim)
+        self.spec, self.head_dim, self.dtype, self.device = spec, head_dim, dtype, device
+        self.batch, self.num_kv_heads = batch, num_kv_heads
+        self.growable = growable
+        self.growth_events = 0
+        self.capacity = capacity
+        self.k = spec.key.allocate((batch, num_kv_heads, capacity), head_dim, dtype, device)
+        self.v = spec.value.allocate((batch, num_kv_heads, capacity), head_dim, dtype, device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def ensure(self, needed: int, keep: int) -> None:
+        """Make room for `needed` slots, copying the first `keep` slots if storage moves."""
+        if needed <= self.capacity:
+            return
+        if not self.growable:
+            raise CapacityError(
+                f"cache capacity is fixed at {self.capacity} tokens but {needed} are needed; "
+                "create the cache with a larger capacity (prompt + max new tokens) or leave "
+                "capacity unset so it grows"
+            )
+        new_cap = round_up(max(needed, 2 * self.capacity))
+        self.k = _regrow(self.k, new_cap, keep)
+        self.v = _regrow(self.v, new_cap, keep)
+        self.capacity = new_cap
+        self.growth_events += 1
+
+    def write(self, start: int, k: QTensor, v: QTensor) -> None:
+        """Write quantized tokens into slots `[start, start + T)`."""
+        n = k.codes.shape[-2]
+        for dst, src in zip(self.k.parts(), k.parts()):
+            dst[:, :, start : start + n].copy_(src)
+        for dst, src in zip(self.v.parts(), v.parts()):
+            dst[:, :, start : start + n].copy_(src)
+
+    def write_index(self, slots: torch.Tensor, k: QTensor, v: QTensor) -> None:
+        """Write quantized tokens into arbitrary slots (a ring that wraps)."""
+        for dst, src in zip(self.k.parts(), k.parts()):
+            dst.index_copy_(2, slots, src)
+        for dst, src in zip(self.v.parts(), v.parts()):
+            dst.index_copy_(2, slots, src)
+
+    def replace(self, k: QTensor, v: QTensor, capacity: int) -> None:
+        """Swap in re-laid-out storage (a ring resized to a larger modulus)."""
+        self.k, self.v, self.capacity = k, v, capacity
+        self.growth_events += 1
+
+
+def _regrow(q: QTensor, capacity: int, keep: int) -> QTensor:
+    parts = []
+    for t in q:
+        if t is None:
+            parts.append(None)
+            continue
+        new = torch.empty(*t.shape[:2], capacity, t.shape[3], dtype=t.dtype, device=t.device)
+        new[:, :, :keep].copy_(t[:, :, :keep])
+        parts.append(new)
+    return QTensor(*parts)

@@ -1,0 +1,27 @@
+"""KV storage formats: fp16/bf16/fp32, int8/int4 (affine, group-wise), fp8 (e4m3).
+
+    >>> from kvtax.formats import KVSpec, parse_format
+    >>> fmt = parse_format("int4")
+    >>> q = fmt.quantize(k)              # k [B, H, T, D] → QTensor(codes, scales, biases)
+    >>> k_hat = fmt.dequantize(q)        # [B, H, T, D] float32
+    >>> KVSpec.parse("k8v4").bytes_per_token(128)   # K int8 + V int4, one KV head
+"""
+
+from kvtax.formats.affine import GROUP_SIZES, AffineFormat
+from kvtax.formats.base import KVFormat, QTensor, check_input
+from kvtax.formats.floats import FloatFormat
+from kvtax.formats.fp8 import FP8Format
+from kvtax.formats.spec import FORMAT_NAMES, KVSpec, parse_format
+
+__all__ = [
+    "AffineFormat",
+    "FORMAT_NAMES",
+    "FP8Format",
+    "FloatFormat",
+    "GROUP_SIZES",
+    "KVFormat",
+    "KVSpec",
+    "QTensor",
+    "check_input",
+    "parse_format",
+]

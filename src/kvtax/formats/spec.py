@@ -1,0 +1,114 @@
+"""Format names and K/V pairs: `parse_format("int4-g32")`, `KVSpec.parse("k8v4")`.
+
+Grammar (case-insensitive):
+  format := fp16 | bf16 | fp32 | fp8 | int8 | int4, optionally `-g<group>` for int formats
+            (aliases: 16 → fp16, 8 → int8, 4 → int4, fp8_e4m3 → fp8)
+  spec   := format                      same format for K and V
+          | k<format>v<format>          e.g. k8v4, kint8vint4, kfp8v4-g32
+          | key=<format>,value=<format>
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from kvtax.errors import FormatError
+from kvtax.formats.affine import AffineFormat
+from kvtax.formats.base import KVFormat
+from kvtax.formats.floats import FloatFormat
+from kvtax.formats.fp8 import FP8Format
+
+FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "int8", "int4")
+_ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "fp8_e4m3": "fp8", "e4m3": "fp8"}
+_FORMAT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:-g(?P<group>\d+))?$")
+_PAIR_RE = re.compile(r"^k(?P<k>[a-z0-9_\-]+?)v(?P<v>[a-z0-9_\-]+)$")
+
+
+def parse_format(name: str | KVFormat) -> KVFormat:
+    """Return the KVFormat a user-facing name denotes; FormatError lists valid names."""
+    if isinstance(name, KVFormat):
+        return name
+    text = str(name).strip().lower()
+    m = _FORMAT_RE.match(text)
+    base = _ALIASES.get(m["base"], m["base"]) if m else None
+    if base not in FORMAT_NAMES:
+        raise FormatError(
+            f"unknown KV format {name!r}; valid formats: {', '.join(FORMAT_NAMES)} "
+            "(int formats take a group suffix such as int4-g32), or a K/V pair like k8v4"
+        )
+    assert m is not None
+    group = m["group"]
+    if base in ("int8", "int4"):
+        return AffineFormat(int(base[3:]), int(group) if group else 64)
+    if group:
+        raise FormatError(f"format {base} has no group size; drop '-g{group}'")
+    if base == "fp8":
+        return FP8Format()
+    return FloatFormat(base)
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """The formats of K and V for one layer (they may differ, e.g. `k8v4`).
+
+    Example: `KVSpec.parse("k8v4").value` is `AffineFormat(4, 64)`;
+    `KVSpec.parse("int8").bytes_per_token(128)` is 272 (K and V, one KV head).
+    """
+
+    key: KVFormat
+    value: KVFormat
+
+    @classmethod
+    def parse(cls, spec: "str | KVFormat | KVSpec") -> "KVSpec":
+        if isinstance(spec, KVSpec):
+            return spec
+        if isinstance(spec, KVFormat):
+            return cls(spec, spec)
+        text = str(spec).strip().lower().replace(" ", "")
+        if text.startswith("key="):
+            parts = dict(p.split("=", 1) for p in text.split(",") if "=" in p)
+            if set(parts) != {"key", "value"}:
+                raise FormatError(f"spec {spec!r}: write it as key=<format>,value=<format>")
+            return cls(parse_format(parts["key"]), parse_format(parts["value"]))
+        pair = _PAIR_RE.match(text)
+        if pair and text not in FORMAT_NAMES:
+            return cls(parse_format(pair["k"]), parse_format(pair["v"]))
+        fmt = parse_format(text)
+        return cls(fmt, fmt)
+
+    @classmethod
+    def of(cls, key: str | KVFormat, value: str | KVFormat | None = None) -> "KVSpec":
+        """`KVSpec.of("int8", "int4")`; one argument means the same format for both."""
+        k = parse_format(key)
+        return cls(k, k if value is None else parse_format(value))
+
+    @property
+    def name(self) -> str:
+        if self.key == self.value:
+            return self.key.name
+        return f"k{_short(self.key)}v{_short(self.value)}"
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.key.is_quantized or self.value.is_quantized
+
+    def check(self, head_dim: int) -> None:
+        self.key.check(head_dim)
+        self.value.check(head_dim)
+
+    def bytes_per_token(self, head_dim: int, model_dtype: torch.dtype = torch.float16) -> int:
+        """Resident bytes of K plus V for one token of one KV head."""
+        return self.key.bytes_per_token(head_dim, model_dtype) + self.value.bytes_per_token(
+            head_dim, model_dtype
+        )
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _short(fmt: KVFormat) -> str:
+    """Compact name inside a k…v… pair: int8 → 8, int4-g32 → 4-g32."""
+    return fmt.name[3:] if fmt.name.startswith("int") else fmt.name
