@@ -33,6 +33,9 @@ class CacheView:
     ring:     0 for a full cache, else the ring size of a sliding-window cache.
     window:   sliding window W (a query at p sees keys k with p - k < W, plus sinks), or None.
     dtype:    the model dtype the cache was fed with.
+    length_t: optional int64 device tensor `[1]` holding the same length as `length`, for
+              CUDA-graph decode: a captured kernel must read the length from it (the host
+              `length` is frozen at capture) and size its grid from the storage capacity.
     """
 
     k: QTensor
@@ -44,6 +47,7 @@ class CacheView:
     ring: int = 0
     window: int | None = None
     dtype: torch.dtype = torch.float16
+    length_t: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:

@@ -13,7 +13,7 @@ import torch
 
 from kvtax.attention.view import CacheView
 from kvtax.cache.storage import Storage, round_up
-from kvtax.errors import ShapeError
+from kvtax.errors import CapacityError, ShapeError
 from kvtax.formats import KVSpec, QTensor, check_input
 
 
@@ -80,6 +80,35 @@ class BaseCache(ABC):
 
     @abstractmethod
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> None: ...
+
+    def write_at(self, k: torch.Tensor, v: torch.Tensor, pos_t: torch.Tensor) -> None:
+        """Store ONE token `[B, H_kv, 1, D]` at the position held in device tensor `pos_t` `[1]`.
+
+        Graph-safe (no host read of `pos_t`, storage never moves), so a CUDA graph captured
+        once writes every decode step. The host `length` is NOT changed: call `advance(1)`
+        after the write (outside the graph). The caller checks capacity beforehand:
+        `pos_t` must be the current `length`, and storage must already be allocated.
+        """
+        if self.store is None:
+            raise RuntimeError("write_at needs allocated storage: append a prompt first")
+        if k.shape[2] != 1:
+            raise ValueError(f"write_at takes one token, got {k.shape[2]}")
+        self._check(k, v)
+        qk, qv = self._quantize(k, v)
+        self.store.write_index(self._slot_of(pos_t), qk, qv)
+
+    def _slot_of(self, pos_t: torch.Tensor) -> torch.Tensor:
+        """Storage slot of the (device) positions `pos_t`; a full cache stores position p at p."""
+        return pos_t
+
+    def advance(self, n: int = 1) -> None:
+        """Count `n` tokens written by `write_at` (host bookkeeping only)."""
+        self.length += n
+        if self.store is not None and self.held_tokens > self.store.capacity:
+            self.length -= n
+            raise CapacityError(
+                f"advancing by {n} would exceed the cache capacity of {self.store.capacity}"
+            )
 
     @abstractmethod
     def view(self) -> CacheView:

@@ -16,7 +16,7 @@ import torch
 
 from kvtax.attention.view import CacheView
 from kvtax.cache.base import BaseCache
-from kvtax.cache.storage import Storage
+from kvtax.cache.storage import Storage, raw
 from kvtax.errors import CapacityError
 from kvtax.formats import KVSpec, QTensor
 
@@ -85,6 +85,11 @@ class SlidingCache(BaseCache):
             )
         self.length += n_new
 
+    def _slot_of(self, pos_t: torch.Tensor) -> torch.Tensor:
+        return torch.where(
+            pos_t < self.sinks, pos_t, self.sinks + torch.remainder(pos_t - self.sinks, self.ring)
+        )
+
     def _grow_ring(self, ring: int) -> None:
         assert self.store is not None
         if not self._growable:
@@ -109,7 +114,7 @@ class SlidingCache(BaseCache):
                 new = torch.empty(
                     *t.shape[:2], self.sinks + ring, t.shape[3], dtype=t.dtype, device=t.device
                 )
-                new.index_copy_(2, new_slots, t.index_select(2, src))
+                raw(new).index_copy_(2, new_slots, raw(t).index_select(2, src))
                 parts.append(new)
         s.replace(QTensor(*parts_k), QTensor(*parts_v), self.sinks + ring)
         self.ring = ring

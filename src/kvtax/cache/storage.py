@@ -72,15 +72,18 @@ class Storage:
 
     def write_index(self, slots: torch.Tensor, k: QTensor, v: QTensor) -> None:
         """Write quantized tokens into arbitrary slots (a ring that wraps)."""
-        for dst, src in zip(self.k.parts(), k.parts()):
-            dst.index_copy_(2, slots, src)
-        for dst, src in zip(self.v.parts(), v.parts()):
-            dst.index_copy_(2, slots, src)
+        for dst, src in zip(self.k.parts() + self.v.parts(), k.parts() + v.parts()):
+            raw(dst).index_copy_(2, slots, raw(src))
 
     def replace(self, k: QTensor, v: QTensor, capacity: int) -> None:
         """Swap in re-laid-out storage (a ring resized to a larger modulus)."""
         self.k, self.v, self.capacity = k, v, capacity
         self.growth_events += 1
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """Reinterpret fp8 codes as bytes: index_copy_ has no float8 CPU kernel."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
 
 
 def _regrow(q: QTensor, capacity: int, keep: int) -> QTensor:
