@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from kvtax.attention.reference import attention_blockwise
+from kvtax.attention.reference import attention_blockwise, rotate_query, unrotate_output
 from kvtax.attention.view import CacheView
 
 Impl = Literal["auto", "reference", "triton"]
@@ -26,6 +26,7 @@ def attention(
     softcap: float | None = None,
     causal: bool = True,
     impl: Impl = "auto",
+    kv_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the last `L` positions' queries over a (quantized) cache view.
 
@@ -33,18 +34,25 @@ def attention(
     view:  `cache.view()` of the layer's cache, already holding these L tokens' K/V.
     Returns `[B, H_q, L, D]` in q.dtype. Causal masking is bottom-right aligned; the
     view's window and sinks apply. `impl="triton"` raises where the kernels can't run.
+    kv_start: optional int `[B]`, each row's first valid key position (left padding);
+    the kernels serve it only where `triton_api.SUPPORTS_KV_START` says so.
 
     Example:
         cache.append(k, v)
         out = attention(q, cache.view(), softcap=None)
     """
+    ref = dict(scale=scale, softcap=softcap, causal=causal, kv_start=kv_start)
     if impl == "reference":
-        return attention_blockwise(q, view, scale=scale, softcap=softcap, causal=causal)
-    reason = _kernel_unavailable(q, view, causal)
+        return attention_blockwise(q, view, **ref)
+    reason = _kernel_unavailable(q, view, causal, kv_start)
     if reason is None:
         from kvtax.attention.triton_api import triton_attention
 
-        return triton_attention(q, view, scale=scale, softcap=softcap)
+        # Padding goes to the kernels only when they opted in; no kwarg otherwise.
+        pad = {} if kv_start is None else {"kv_start": kv_start}
+        # The kernels read the stored domain; a Hadamard-rotated spec is handled here.
+        out = triton_attention(rotate_query(q, view), view, scale=scale, softcap=softcap, **pad)
+        return unrotate_output(out, view)
     if impl == "triton":
         raise RuntimeError(f"Triton attention cannot run this call: {reason}")
     if q.is_cuda and reason not in _warned:
@@ -54,17 +62,21 @@ def attention(
             "it is correct but slower than the fused kernels",
             stacklevel=2,
         )
-    return attention_blockwise(q, view, scale=scale, softcap=softcap, causal=causal)
+    return attention_blockwise(q, view, **ref)
 
 
-def _kernel_unavailable(q: torch.Tensor, view: CacheView, causal: bool) -> str | None:
+def _kernel_unavailable(
+    q: torch.Tensor, view: CacheView, causal: bool, kv_start: torch.Tensor | None = None
+) -> str | None:
     """None when the fused kernels can serve this call, else why not."""
     if not q.is_cuda:
         return "tensors are not on a CUDA device"
     if not causal:
         return "the kernels implement causal attention only"
     try:
-        from kvtax.attention.triton_api import unsupported_reason
+        from kvtax.attention import triton_api
     except ImportError as exc:  # triton missing or broken
         return f"Triton kernels unavailable ({exc})"
-    return unsupported_reason(q, view)
+    if kv_start is not None and not getattr(triton_api, "SUPPORTS_KV_START", False):
+        return "the kernels take no padding mask (kv_start)"
+    return triton_api.unsupported_reason(q, view)

@@ -19,6 +19,7 @@ import torch
 
 from kvtax.attention.view import CacheView
 from kvtax.errors import ShapeError
+from kvtax.formats import rotate
 
 
 def check_query(q: torch.Tensor, view: CacheView) -> tuple[int, int]:
@@ -67,10 +68,42 @@ def _softcap(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return s if not softcap else softcap * torch.tanh(s / softcap)
 
 
-def _grouped_query(q: torch.Tensor, n_kv: int, scale: float) -> torch.Tensor:
-    """`[B, H_q, L, D]` → float32 `[B, H_kv, G, L, D]`, pre-scaled."""
+def check_kv_start(kv_start: torch.Tensor | None, view: CacheView) -> torch.Tensor | None:
+    """Validate a per-batch first-valid-position tensor `[B]` (left padding); int64 or None."""
+    if kv_start is None:
+        return None
+    if kv_start.shape != (view.batch,) or kv_start.is_floating_point():
+        raise ShapeError(
+            f"kv_start must be an integer tensor of shape [batch] = [{view.batch}], got "
+            f"{kv_start.dtype} {tuple(kv_start.shape)}"
+        )
+    return kv_start.to(device=view.device, dtype=torch.int64)
+
+
+def _padding_mask(kv_start: torch.Tensor | None, k_pos: torch.Tensor) -> torch.Tensor | None:
+    """Bool `[B, 1, 1, 1, T]`: key position >= the row's first valid position, or None."""
+    if kv_start is None:
+        return None
+    return (k_pos[None, :] >= kv_start[:, None])[:, None, None, None, :]
+
+
+def rotate_query(q: torch.Tensor, view: CacheView) -> torch.Tensor:
+    """Queries in the stored keys' domain: `q H` when keys were stored Hadamard-rotated."""
+    return rotate(q) if view.spec.rotate_keys else q
+
+
+def unrotate_output(out: torch.Tensor, view: CacheView) -> torch.Tensor:
+    """Attention output back from the stored values' domain (H is its own inverse)."""
+    return rotate(out) if view.spec.rotate_values else out
+
+
+def _grouped_query(q: torch.Tensor, view: CacheView, scale: float) -> torch.Tensor:
+    """`[B, H_q, L, D]` → float32 `[B, H_kv, G, L, D]`, pre-scaled, in the keys' domain."""
     b, hq, n_q, d = q.shape
-    return (q.float() * scale).view(b, n_kv, hq // n_kv, n_q, d)
+    n_kv = view.num_kv_heads
+    qf = q.float()
+    qf = rotate(qf) if view.spec.rotate_keys else qf
+    return (qf * scale).view(b, n_kv, hq // n_kv, n_q, d)
 
 
 def attention_blockwise(
@@ -81,30 +114,33 @@ def attention_blockwise(
     softcap: float | None = None,
     causal: bool = True,
     block: int = 256,
+    kv_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of `q` `[B, H_q, L, D]` over `view`; returns `[B, H_q, L, D]` in q.dtype.
 
     Computes in float32, one tile of `block` slots at a time (online softmax). Rows that
     see no key at all return zeros. `scale` defaults to 1/sqrt(D); `softcap` applies
-    Gemma 2's `c * tanh(s / c)` to the scores before masking.
+    Gemma 2's `c * tanh(s / c)` to the scores before masking. `kv_start` (int `[B]`,
+    optional) hides keys at positions below it in each batch row: left padding.
 
     Example: `attention_blockwise(q, cache.view(), softcap=50.0)`.
     """
     n_q, _ = check_query(q, view)
+    kv_start = check_kv_start(kv_start, view)
     scale = 1.0 / math.sqrt(view.head_dim) if scale is None else scale
-    qg = _grouped_query(q, view.num_kv_heads, scale)
+    qg = _grouped_query(q, view, scale)
     q_pos = torch.arange(view.length - n_q, view.length, device=q.device)
     m = torch.full(qg.shape[:-1], -math.inf, device=q.device)  # [B, Hkv, G, L]
     denom = torch.zeros_like(m)
     acc = torch.zeros_like(qg)  # [B, Hkv, G, L, D]
     for start in range(0, view.num_slots, block):
         end = min(start + block, view.num_slots)
-        mask = visible(
-            q_pos, view.slot_positions(start, end), causal=causal, window=view.window,
-            sinks=view.sinks,
-        )
+        k_pos = view.slot_positions(start, end)
+        mask = visible(q_pos, k_pos, causal=causal, window=view.window, sinks=view.sinks)
         if not bool(mask.any()):
             continue  # a tile wholly outside the causal band or window costs nothing
+        pad = _padding_mask(kv_start, k_pos)
+        mask = mask if pad is None else mask & pad  # [L, T] or [B, 1, 1, L, T]
         kt = view.spec.key.dequantize(view.k.slice_tokens(start, end))  # [B, Hkv, T, D]
         vt = view.spec.value.dequantize(view.v.slice_tokens(start, end))
         s = _softcap(torch.einsum("bhgld,bhtd->bhglt", qg, kt), softcap)
@@ -117,7 +153,7 @@ def attention_blockwise(
         acc = acc * alpha[..., None] + torch.einsum("bhglt,bhtd->bhgld", p, vt)
         m = m_new
     out = acc / denom.clamp_min(1e-30)[..., None]
-    return out.flatten(1, 2).to(q.dtype)
+    return unrotate_output(out.flatten(1, 2), view).to(q.dtype)
 
 
 def attention_naive(
@@ -127,6 +163,7 @@ def attention_naive(
     scale: float | None = None,
     softcap: float | None = None,
     causal: bool = True,
+    kv_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same function as `attention_blockwise`, materializing `[B, H_q, L, context]` scores.
 
@@ -134,15 +171,17 @@ def attention_naive(
     """
     n_q, _ = check_query(q, view)
     scale = 1.0 / math.sqrt(view.head_dim) if scale is None else scale
-    qg = _grouped_query(q, view.num_kv_heads, scale)
+    qg = _grouped_query(q, view, scale)
     order = view.logical_order()
     k = view.spec.key.dequantize(view.k.index_tokens(order))
     v = view.spec.value.dequantize(view.v.index_tokens(order))
     k_pos = view.slot_positions()[order]
     q_pos = torch.arange(view.length - n_q, view.length, device=q.device)
     mask = visible(q_pos, k_pos, causal=causal, window=view.window, sinks=view.sinks)
+    pad = _padding_mask(check_kv_start(kv_start, view), k_pos)
+    mask = mask if pad is None else mask & pad
     s = _softcap(torch.einsum("bhgld,bhtd->bhglt", qg, k), softcap)
     s = s.masked_fill(~mask, -math.inf)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows that see nothing → zeros
     out = torch.einsum("bhglt,bhtd->bhgld", p, v)
-    return out.flatten(1, 2).to(q.dtype)
+    return unrotate_output(out.flatten(1, 2), view).to(q.dtype)

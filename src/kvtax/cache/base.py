@@ -14,7 +14,7 @@ import torch
 from kvtax.attention.view import CacheView
 from kvtax.cache.storage import Storage, round_up
 from kvtax.errors import CapacityError, ShapeError
-from kvtax.formats import KVSpec, QTensor, check_input
+from kvtax.formats import KVSpec, QTensor, check_input, rotate
 
 
 class BaseCache(ABC):
@@ -134,6 +134,9 @@ class BaseCache(ABC):
         )
 
     def _quantize(self, k: torch.Tensor, v: torch.Tensor) -> tuple[QTensor, QTensor]:
+        # Rotated specs store kH / vH; attention rotates q and un-rotates the output.
+        k = rotate(k) if self.spec.rotate_keys else k
+        v = rotate(v) if self.spec.rotate_values else v
         return self.spec.key.quantize(k), self.spec.value.quantize(v)
 
     def _check(self, k: torch.Tensor, v: torch.Tensor) -> None:

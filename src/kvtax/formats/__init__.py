@@ -11,6 +11,7 @@ from kvtax.formats.affine import GROUP_SIZES, AffineFormat
 from kvtax.formats.base import KVFormat, QTensor, check_input
 from kvtax.formats.floats import FloatFormat
 from kvtax.formats.fp8 import FP8Format
+from kvtax.formats.rotation import hadamard, rotate
 from kvtax.formats.spec import FORMAT_NAMES, KVSpec, parse_format
 
 __all__ = [
@@ -23,5 +24,7 @@ __all__ = [
     "KVSpec",
     "QTensor",
     "check_input",
+    "hadamard",
+    "rotate",
     "parse_format",
 ]

@@ -3,7 +3,9 @@
 Grammar (case-insensitive):
   format := fp16 | bf16 | fp32 | fp8 | int8 | int4, optionally `-g<group>` for int formats
             (aliases: 16 → fp16, 8 → int8, 4 → int4, fp8_e4m3 → fp8)
-  spec   := format                      same format for K and V
+  spec   := pair [+hk | +hkv]             +hk: Hadamard-rotate keys before quantizing;
+                                          +hkv: keys and values (kvtax.formats.rotation)
+  pair   := format                      same format for K and V
           | k<format>v<format>          e.g. k8v4, kint8vint4, kfp8v4-g32
           | key=<format>,value=<format>
 """
@@ -21,6 +23,7 @@ from kvtax.formats.base import KVFormat
 from kvtax.formats.floats import FloatFormat
 from kvtax.formats.fp8 import FP8Format
 
+ROTATIONS = ("", "k", "kv")
 FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "int8", "int4")
 _ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "fp8_e4m3": "fp8", "e4m3": "fp8"}
 _FORMAT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:-g(?P<group>\d+))?$")
@@ -60,6 +63,19 @@ class KVSpec:
 
     key: KVFormat
     value: KVFormat
+    rotate: str = ""  # "", "k" or "kv": which of K/V are Hadamard-rotated before storing
+
+    def __post_init__(self) -> None:
+        if self.rotate not in ROTATIONS:
+            raise FormatError(f"rotate must be one of {ROTATIONS}, got {self.rotate!r}")
+
+    @property
+    def rotate_keys(self) -> bool:
+        return "k" in self.rotate
+
+    @property
+    def rotate_values(self) -> bool:
+        return "v" in self.rotate
 
     @classmethod
     def parse(cls, spec: "str | KVFormat | KVSpec") -> "KVSpec":
@@ -68,6 +84,14 @@ class KVSpec:
         if isinstance(spec, KVFormat):
             return cls(spec, spec)
         text = str(spec).strip().lower().replace(" ", "")
+        text, plus, rot = text.partition("+")
+        if plus:
+            if rot not in ("hk", "hkv"):
+                raise FormatError(
+                    f"spec {spec!r}: rotation suffix must be +hk (keys) or +hkv (keys and values)"
+                )
+            base = cls.parse(text)
+            return cls(base.key, base.value, rot[1:])
         if text.startswith("key="):
             parts = dict(p.split("=", 1) for p in text.split(",") if "=" in p)
             if set(parts) != {"key", "value"}:
@@ -87,9 +111,8 @@ class KVSpec:
 
     @property
     def name(self) -> str:
-        if self.key == self.value:
-            return self.key.name
-        return f"k{_short(self.key)}v{_short(self.value)}"
+        pair = self.key.name if self.key == self.value else f"k{_short(self.key)}v{_short(self.value)}"
+        return f"{pair}+h{self.rotate}" if self.rotate else pair
 
     @property
     def is_quantized(self) -> bool:
