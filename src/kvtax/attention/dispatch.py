@@ -50,6 +50,8 @@ def attention(
 
         # Padding goes to the kernels only when they opted in; no kwarg otherwise.
         pad = {} if kv_start is None else {"kv_start": kv_start}
+        if view.length_t is not None:  # CUDA-graph decode: the kernels read the length
+            pad["lengths"] = view.length_t
         # The kernels read the stored domain; a Hadamard-rotated spec is handled here.
         out = triton_attention(rotate_query(q, view), view, scale=scale, softcap=softcap, **pad)
         return unrotate_output(out, view)
@@ -63,6 +65,17 @@ def attention(
             stacklevel=2,
         )
     return attention_blockwise(q, view, **ref)
+
+
+def uses_kernels(
+    q: torch.Tensor, view: CacheView, *, causal: bool = True, kv_start: torch.Tensor | None = None
+) -> bool:
+    """True when `attention(q, view, ...)` would run the fused kernels, not the reference.
+
+    Callers that hand the kernels a device-side length (`view.length_t`, which the reference
+    ignores) check this first.
+    """
+    return _kernel_unavailable(q, view, causal, kv_start) is None
 
 
 def _kernel_unavailable(

@@ -33,9 +33,9 @@ class CacheView:
     ring:     0 for a full cache, else the ring size of a sliding-window cache.
     window:   sliding window W (a query at p sees keys k with p - k < W, plus sinks), or None.
     dtype:    the model dtype the cache was fed with.
-    length_t: optional int64 device tensor `[1]` holding the same length as `length`, for
-              CUDA-graph decode: a captured kernel must read the length from it (the host
-              `length` is frozen at capture) and size its grid from the storage capacity.
+    length_t: optional int32 device tensor `[B]` holding `length` per row, for CUDA-graph
+              decode: dispatch passes it to the kernels as `lengths`, which they read at
+              run time (the host `length` is frozen at capture). The reference ignores it.
     """
 
     k: QTensor

@@ -93,7 +93,12 @@ class BaseCache(ABC):
             raise RuntimeError("write_at needs allocated storage: append a prompt first")
         if k.shape[2] != 1:
             raise ValueError(f"write_at takes one token, got {k.shape[2]}")
-        self._check(k, v)
+        # Shape checks only: a finiteness check reads the device back, which a graph forbids.
+        finite, self.check_finite = self.check_finite, False
+        try:
+            self._check(k, v)
+        finally:
+            self.check_finite = finite
         qk, qv = self._quantize(k, v)
         self.store.write_index(self._slot_of(pos_t), qk, qv)
 

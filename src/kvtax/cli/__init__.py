@@ -12,6 +12,12 @@ import sys
 
 COMMANDS = [
     "kvtax.cli.demo",
+    "kvtax.cli.bench",
+    "kvtax.cli.capacity",
+    "kvtax.cli.roofline",
+    "kvtax.cli.generate",
+    "kvtax.cli.recall",
+    "kvtax.cli.report",
 ]
 
 

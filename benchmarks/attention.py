@@ -1,0 +1,331 @@
+"""Attention over a quantized KV cache on one GPU: kvtax's fused kernels vs the baselines.
+
+Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches); torch SDPA fp16 (flash and
+cuDNN backends); Hugging Face's approach (dequantize the whole int8/int4 cache, then
+SDPA); mlx-lm's approach (materialize [H, L, ctx] scores). Llama-3.1-8B layer shapes
+by default, contexts as arguments, decode (1 row) and a prefill chunk at the end.
+
+Every call is captured in a CUDA graph and replayed; a 256 MiB write flushes L2 before
+each replay; the median of --reps replays is reported with p20/p80, plus TB/s (cache
+bytes read / time) against a streaming-read ceiling measured in the same run, TFLOP/s,
+and transient memory (peak allocation during one eager call).
+
+    python benchmarks/attention.py --out runs/attention
+    python benchmarks/attention.py --contexts 4096 131072 --phases decode --arms kvtax-int4 sdpa-cudnn
+    python benchmarks/attention.py --dry-run        # CPU, tiny shapes, checks the script
+
+Writes rows.jsonl, rows.csv, config.json and summary.md under --out/<timestamp>/; prints
+the markdown summary last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import arms  # noqa: E402
+from report import markdown_summary  # noqa: E402
+
+from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
+from kvtax.cache import FullCache  # noqa: E402
+
+KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8"}
+ALL_ARMS = [
+    *KVTAX, "sdpa-flash", "sdpa-cudnn", "hf-dequant-sdpa-int8", "hf-dequant-sdpa-int4",
+    "unfused-int8", "unfused-int4",
+]
+# alternatives to the heuristic table, as LaunchConfig field overrides
+SWEEP_DECODE = {
+    "nofold": dict(fold=False), "n128": dict(block_n=128), "n32s4": dict(block_n=32, num_stages=4),
+    "n64w8": dict(block_n=64, num_warps=8),
+}
+SWEEP_PREFILL = {
+    "n64": dict(block_n=64), "n128": dict(block_n=128), "f32math": dict(f16_math=False),
+    "s4": dict(num_stages=4),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 65536, 131072],
+                   help="cache lengths in tokens (default: 4k 16k 64k 128k)")
+    p.add_argument("--chunk", type=int, default=2048, help="prefill chunk rows (default 2048)")
+    p.add_argument("--phases", nargs="+", default=["decode", "prefill"], choices=["decode", "prefill"])
+    p.add_argument("--arms", nargs="+", default=ALL_ARMS, choices=ALL_ARMS)
+    p.add_argument("--reps", type=int, default=25, help="timed graph replays per cell (>= 20)")
+    p.add_argument("--q-heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--sweep", action="store_true",
+                   help="also time alternative kvtax launch configs (decode at the largest "
+                        "context, prefill at --sweep-prefill-ctx)")
+    p.add_argument("--sweep-prefill-ctx", type=int, default=16384)
+    p.add_argument("--sweep-formats", nargs="+", default=["fp16", "int8", "int4", "fp8"])
+    p.add_argument("--sweep-variants", nargs="+", default=None,
+                   help=f"subset of {sorted({*SWEEP_DECODE, *SWEEP_PREFILL})}")
+    p.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="start no new cell after this many seconds (rows so far are kept)")
+    p.add_argument("--out", default="runs/attention", help="results go to OUT/<timestamp>/")
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, no graphs")
+    return p.parse_args(argv)
+
+
+class Timer:
+    """Median / p20 / p80 ms of a CUDA-graph replay of `fn`, L2 flushed before each."""
+
+    def __init__(self, reps: int, dry: bool) -> None:
+        self.reps, self.dry = reps, dry
+        self.flush = None if dry else torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn) -> tuple[float, float, float]:
+        if self.dry:
+            fn()
+            ts = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                fn()
+                ts.append((time.perf_counter() - t0) * 1e3)
+            return _stats(ts)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up (compile, workspaces) off the capture
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        events = []
+        for _ in range(self.reps):
+            self.flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        ts = [s.elapsed_time(e) for s, e in events]
+        del graph
+        return _stats(ts)
+
+
+def _stats(ts: list[float]) -> tuple[float, float, float]:
+    ts = sorted(ts)
+    q = lambda f: ts[min(len(ts) - 1, int(f * (len(ts) - 1) + 0.5))]  # noqa: E731
+    return statistics.median(ts), q(0.2), q(0.8)
+
+
+def transient_bytes(fn, dry: bool) -> tuple[int, torch.Tensor]:
+    """Peak bytes allocated above the baseline during one eager call (output included)."""
+    if dry:
+        return 0, fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base, out
+
+
+def flops(hq: int, d: int, n_q: int, ctx: int) -> float:
+    """QK^T and PV multiply-adds of causal bottom-right attention (2 FLOPs each)."""
+    visible = n_q * ctx - n_q * (n_q - 1) / 2
+    return 4.0 * hq * d * visible
+
+
+def build_arm(name, q, caches, kv, lengths, expect, args):
+    """(fn, cache bytes read, note) for one arm."""
+    from torch.nn.attention import SDPBackend
+
+    if name.startswith("kvtax-"):
+        fmt, _, tag = KVTAX[name.split("@")[0]], None, name.partition("@")[2]
+        cfg = sweep_config(tag, q, caches[fmt].view(), lengths) if tag else None
+        return arms.kvtax_arm(q, caches[fmt].view(), lengths, cfg), caches[fmt].used_nbytes, tag
+    if name.startswith("sdpa-"):
+        backend = SDPBackend.FLASH_ATTENTION if name == "sdpa-flash" else SDPBackend.CUDNN_ATTENTION
+        fn, note = arms.sdpa_arm(q, kv[0], kv[1], backend, expect)
+        return fn, caches["fp16"].used_nbytes, note
+    fmt = name.rsplit("-", 1)[1]
+    if name.startswith("hf-dequant"):
+        return arms.hf_dequant_arm(q, caches[fmt], SDPBackend.FLASH_ATTENTION), caches[fmt].used_nbytes, "flash"
+    need = arms.unfused_bytes_estimate(q, kv[0].shape[2])
+    if not args.dry_run and need > 0.8 * torch.cuda.mem_get_info()[0]:
+        raise MemoryError(f"needs ~{need / 2**30:.0f} GiB of scores")
+    return arms.unfused_arm(q, caches[fmt]), caches[fmt].used_nbytes, "dequantized K/V"
+
+
+def sweep_config(tag, q, view, lengths) -> LaunchConfig:
+    """The heuristic config with one sweep variant's fields replaced."""
+    import dataclasses
+
+    from kvtax.attention.triton_api import launch_config
+
+    base = launch_config(q, view, lengths)
+    change = dict(SWEEP_DECODE[tag] if base.path == "decode" else SWEEP_PREFILL[tag])
+    if "block_n" in change and base.path == "decode":  # keep the slots per split
+        tiles = triton.cdiv(view.length, change["block_n"])
+        change["num_splits"] = max(1, min(base.num_splits, triton.cdiv(tiles, 2)))
+    return dataclasses.replace(base, **change)
+
+
+def cell_list(args):
+    """(ctx, phase, arm) in run order; sweep cells after the main grid."""
+    cells = [(c, ph, a) for c in args.contexts for ph in args.phases for a in args.arms]
+    if args.sweep:
+        keep = lambda t: args.sweep_variants is None or t in args.sweep_variants  # noqa: E731
+        for fmt in args.sweep_formats:
+            dec = [t for t in SWEEP_DECODE if keep(t) and not (fmt == "fp16" and t == "nofold")]
+            pre = [t for t in SWEEP_PREFILL if keep(t)]
+            cells += [(max(args.contexts), "decode", f"kvtax-{fmt}@{t}") for t in dec]
+            cells += [(args.sweep_prefill_ctx, "prefill", f"kvtax-{fmt}@{t}") for t in pre]
+    return cells
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    dry = args.dry_run
+    if dry:
+        args.contexts, args.chunk, args.reps = [64, 96], 24, 3
+        args.sweep_prefill_ctx = 96
+        args.q_heads, args.kv_heads, args.head_dim = 4, 1, 64
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.out) / stamp
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = dict(
+        command="python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
+        date=dt.datetime.now().isoformat(timespec="seconds"),
+        device=torch.cuda.get_device_name(0) if not dry else "cpu (dry run)",
+        torch=torch.__version__, triton=triton.__version__, git=_git_commit(), args=vars(args),
+    )
+    timer = Timer(args.reps, dry)
+    t0 = time.time()
+    ceiling, ceiling_rows = (float("nan"), []) if dry else _ceiling(timer)
+    config["read_ceiling_tbps"], config["read_ceiling_kernels"] = ceiling, ceiling_rows
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    print(f"device {config['device']}  torch {torch.__version__}  triton {triton.__version__}  "
+          f"read ceiling {ceiling:.2f} TB/s", flush=True)
+
+    rows, cells = [], cell_list(args)
+    jsonl = open(out_dir / "rows.jsonl", "a")
+    main_cells = [c for c in cells if "@" not in c[2]]
+    for group in (main_cells, [c for c in cells if "@" in c[2]]):  # the main grid first
+        for ctx in sorted({c for c, _, _ in group}):
+            if time.time() - t0 > args.budget_s:
+                print(f"budget of {args.budget_s:.0f}s spent: skipping the rest", flush=True)
+                break
+            for row in run_context(ctx, [c for c in group if c[0] == ctx], timer, ceiling, args, t0):
+                rows.append(row)
+                jsonl.write(json.dumps(row) + "\n")
+                jsonl.flush()
+                print(_line(row), flush=True)
+    jsonl.close()
+    _write_csv(out_dir / "rows.csv", rows)
+    summary = markdown_summary(rows, config)
+    (out_dir / "summary.md").write_text(summary)
+    print(f"\nresults in {out_dir}\n")
+    print(summary)
+
+
+def run_context(ctx, cells, timer, ceiling, args, t0):
+    """Build one context's caches and queries, then yield a row per (phase, arm) cell."""
+    dev = "cpu" if args.dry_run else "cuda"
+    b, hq, hkv, d = args.batch, args.q_heads, args.kv_heads, args.head_dim
+    gen = torch.Generator(device=dev).manual_seed(ctx)
+    kv = [torch.randn(b, hkv, ctx, d, generator=gen, device=dev, dtype=torch.float16)
+          for _ in range(2)]
+    caches = {}
+    for fmt in ("fp16", "int8", "int4", "fp8"):
+        caches[fmt] = FullCache(fmt, capacity=ctx)
+        caches[fmt].append(*kv)
+    lengths = torch.full((b,), ctx, dtype=torch.int32, device=dev)
+    for phase in args.phases:
+        arms_here = [a for c, ph, a in cells if ph == phase]
+        if not arms_here:
+            continue
+        n_q = 1 if phase == "decode" else min(args.chunk, ctx)
+        q = torch.randn(b, hq, n_q, d, generator=gen, device=dev, dtype=torch.float16)
+        expect = triton_attention(q, caches["fp16"].view())
+        for arm in arms_here:
+            if time.time() - t0 > args.budget_s:
+                return
+            yield run_cell(arm, phase, ctx, q, caches, kv, lengths, expect, timer, ceiling, args)
+    del kv, caches
+    if not args.dry_run:
+        torch.cuda.empty_cache()
+
+
+def run_cell(arm, phase, ctx, q, caches, kv, lengths, expect, timer, ceiling, args) -> dict:
+    b, hq, n_q, d = q.shape
+    row = dict(arm=arm, phase=phase, ctx=ctx, rows=n_q, batch=b, q_heads=hq,
+               kv_heads=args.kv_heads, head_dim=d, status="ok", note="")
+    try:
+        fn, nbytes, note = build_arm(arm, q, caches, kv, lengths, expect, args)
+        row["note"] = note or ""
+        mem, out = transient_bytes(fn, args.dry_run)
+        row["rel_err_vs_fp16"] = arms._rel_err(out, expect)
+        del out
+        ms, p20, p80 = timer(fn)
+        moved = nbytes + 2 * q.numel() * q.element_size()
+        row.update(median_ms=ms, p20_ms=p20, p80_ms=p80, bytes=moved, flops=flops(hq, d, n_q, ctx),
+                   transient_mib=mem / 2**20)
+        row["tbps"] = moved / (ms * 1e-3) / 1e12
+        row["frac_ceiling"] = row["tbps"] / ceiling if ceiling == ceiling else None
+        row["tflops"] = row["flops"] / (ms * 1e-3) / 1e12
+    except (torch.cuda.OutOfMemoryError, MemoryError) as exc:
+        row.update(status="oom", note=str(exc).splitlines()[0][:120])
+    except Exception as exc:  # noqa: BLE001  (one arm's failure must not end the run)
+        row.update(status="error", note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+    if not args.dry_run:
+        torch.cuda.empty_cache()
+    return row
+
+
+def _ceiling(timer):
+    from readceiling import read_ceiling
+
+    return read_ceiling(timer)
+
+
+def _line(r: dict) -> str:
+    if r["status"] != "ok":
+        return f"{r['phase']:7s} ctx {r['ctx']:6d} {r['arm']:28s} {r['status']}: {r['note']}"
+    return (f"{r['phase']:7s} ctx {r['ctx']:6d} {r['arm']:28s} {r['median_ms']:8.3f} ms "
+            f"{r['tbps']:6.2f} TB/s {r['tflops']:7.1f} TFLOP/s {r['transient_mib']:9.1f} MiB "
+            f"err {r['rel_err_vs_fp16']:.1e} {r['note']}")
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    keys = sorted({k for r in rows for k in r})
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001  (the device's copy of the tree may have no .git)
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Decode ms/token of the kvtax runner against the bytes roofline, per context and KV format.
+
+A batch-1 decode step must read every weight once and the whole KV cache once, so its floor
+is (weight bytes + KV bytes) / memory read bandwidth. This script measures that bandwidth in
+the same run (a large device copy and a large reduction; the faster one counts, so the
+roofline is the stricter one), builds a model with random weights (default Llama-3.1-8B
+shapes in bf16), and for each context and KV format times real decode steps of the model
+(CUDA-graph replay where available; median and p20/p80 over --tokens steps, CUDA events).
+
+The prompt is NOT prefetched through the model: to reach 128k in seconds the cache is
+filled directly with random K/V (N(0, 1), quantized on append exactly as a prefill would
+store it), then every timed step is the real model step, attention over the filled cache
+included. Decode cost does not depend on what the cached values are.
+
+    python benchmarks/decode.py --contexts 4k,16k,32k,64k,128k --kv fp16,int8,int4 \\
+        --out results/decode-h200.json
+    python benchmarks/decode.py --device cpu --config tiny --contexts 64,128   # smoke test
+
+A cell that runs out of memory (or fails otherwise) becomes a row with its error; the
+sweep continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from kvtax.models import Runner, get_config, load_model
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--config", default="llama-3.1-8b",
+                   help="built-in config (default llama-3.1-8b)")
+    p.add_argument("--contexts", default="4k,16k,32k,64k,128k",
+                   help="cached tokens before timing; k = 1024 (default 4k,16k,32k,64k,128k)")
+    p.add_argument("--kv", default="fp16,int8,int4", help="KV formats (default fp16,int8,int4)")
+    p.add_argument("--tokens", type=int, default=64,
+                   help="timed decode steps per cell (default 64)")
+    p.add_argument("--warmup", type=int, default=8, help="untimed steps first (default 8)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
+                   help="weight dtype (default bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--no-cuda-graph", action="store_true", help="time eager decode instead")
+    p.add_argument("--bw-mib", type=int, default=None,
+                   help="buffer for the bandwidth probe in MiB (default 4096 CUDA, 256 CPU)")
+    p.add_argument("--max-cell-seconds", type=float, default=60.0,
+                   help="stop timing a cell after this long (slow fallback paths; default 60)")
+    p.add_argument("--out", type=Path, default=None, help="write rows + run metadata as JSON")
+    return p.parse_args(argv)
+
+
+def parse_contexts(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        out.append(int(float(part[:-1]) * 1024) if part.endswith("k") else int(part))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dev = torch.device(args.device)
+    dtype = _DTYPES[args.dtype or ("bf16" if dev.type == "cuda" else "fp32")]
+    cfg = get_config(args.config)
+    contexts, formats = parse_contexts(args.contexts), [f.strip() for f in args.kv.split(",")]
+    bw = measure_read_bandwidth(dev, (args.bw_mib or (4096 if dev.type == "cuda" else 256)) << 20)
+    print(f"# {cfg.name} ({dtype}) on {_device_name(dev)}: read bandwidth {bw / 1e9:.0f} GB/s",
+          file=sys.stderr)
+    model = load_model(cfg, dtype=dtype, device=dev, seed=0)
+    weight_bytes = _weight_bytes_per_token(model)
+    rows = []
+    for ctx in contexts:
+        for kv in formats:
+            row = {"config": cfg.name, "context": ctx, "kv": kv, "batch": args.batch,
+                   "dtype": str(dtype), "device": _device_name(dev),
+                   "weight_bytes": weight_bytes, "read_bw_Bps": bw}
+            try:
+                row.update(run_cell(model, kv, ctx, args))
+                total = weight_bytes + row["kv_bytes"]
+                row["roofline_ms"] = 1000 * total / bw
+                row["roofline_fraction"] = row["roofline_ms"] / row["ms_median"]
+            except torch.cuda.OutOfMemoryError as exc:
+                row["error"] = f"OOM: {str(exc).splitlines()[0]}"
+            except Exception as exc:  # one bad cell must not end the sweep
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            rows.append(row)
+            print(_row_line(row), file=sys.stderr)
+    print(markdown_table(rows))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        meta = _metadata(args, dev, dtype, bw)
+        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def run_cell(model, kv: str, ctx: int, args: argparse.Namespace) -> dict:  # noqa: ANN001
+    """Fill a cache to `ctx` tokens with random K/V, then time real decode steps."""
+    dev = model.embed.weight.device
+    runner = Runner(model, kv=kv, cuda_graph=False if args.no_cuda_graph else None)
+    caches = runner.make_caches(capacity=ctx + args.warmup + args.tokens + 1)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    try:
+        fill_random(caches, model, ctx, args.batch)
+        kv_bytes = sum(c.used_nbytes for c in caches)
+        tok = torch.randint(0, model.config.vocab_size, (args.batch, 1), device=dev)
+        for _ in range(args.warmup):
+            tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
+        times = _time_steps(runner, caches, tok, args.tokens, args.max_cell_seconds)
+        return {
+            "kv_bytes": kv_bytes,
+            "cache_bytes": sum(c.nbytes for c in caches),
+            "ms_median": statistics.median(times),
+            "ms_p20": _quantile(times, 0.2),
+            "ms_p80": _quantile(times, 0.8),
+            "steps": len(times),
+            "cuda_graph": runner._graph is not None,
+            "graph_off_reason": runner.graph_disabled_reason,
+            "peak_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
+        }
+    finally:
+        runner.release_graph()
+        del caches
+
+
+def fill_random(caches, model, ctx: int, batch: int, chunk: int = 8192) -> None:  # noqa: ANN001
+    """Append `ctx` random N(0,1) K/V tokens to every layer's cache, `chunk` at a time."""
+    cfg = model.config
+    dev, dtype = model.embed.weight.device, model.embed.weight.dtype
+    gen = torch.Generator(device=dev).manual_seed(ctx)
+    for cache in caches:
+        for start in range(0, ctx, chunk):
+            n = min(chunk, ctx - start)
+            shape = (batch, cfg.num_kv_heads, n, cfg.head_dim)
+            k = torch.randn(shape, generator=gen, device=dev, dtype=dtype)
+            v = torch.randn(shape, generator=gen, device=dev, dtype=dtype)
+            cache.append(k, v)
+
+
+def _time_steps(
+    runner: Runner, caches, tok, n: int, budget_s: float  # noqa: ANN001
+) -> list[float]:
+    """ms per decode step: CUDA events around each step on CUDA, wall clock on CPU."""
+    cuda = tok.is_cuda
+    t_end = time.perf_counter() + budget_s
+    if not cuda:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
+            times.append(1000 * (time.perf_counter() - t0))
+            if time.perf_counter() > t_end:
+                break
+        return times
+    events = []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
+        end.record()
+        events.append((start, end))
+        if time.perf_counter() > t_end:
+            break
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events]
+
+
+def measure_read_bandwidth(dev: torch.device, nbytes: int, reps: int = 10) -> float:
+    """Bytes/s: the better of a copy ((read + write) / t) and a sum (read / t), median of reps."""
+    x = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).uniform_()
+    y = torch.empty_like(x)
+
+    def timed(fn) -> float:  # noqa: ANN001
+        fn()
+        samples = []
+        for _ in range(reps):
+            if dev.type == "cuda":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                torch.cuda.synchronize()
+                samples.append(s.elapsed_time(e) / 1000)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - t0)
+        return statistics.median(samples)
+
+    copy_bw = 2 * nbytes / timed(lambda: y.copy_(x))
+    sum_bw = nbytes / timed(lambda: x.sum())
+    return max(copy_bw, sum_bw)
+
+
+def _weight_bytes_per_token(model) -> int:  # noqa: ANN001
+    """Bytes one decode step must read: all weights, but one row of an untied embedding."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not model.config.tie_word_embeddings:
+        e = model.embed.weight
+        total -= e.numel() * e.element_size() - e.shape[1] * e.element_size()
+    return total
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = ("| context | KV | ms/token (p20-p80) | roofline ms | of roofline | KV MiB | graph |\n"
+            "|---:|:--|---:|---:|---:|---:|:--|")
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['context']} | {r['kv']} | {r['error'][:60]} | | | | |")
+            continue
+        lines.append(
+            f"| {r['context']} | {r['kv']} | {r['ms_median']:.3f} ({r['ms_p20']:.3f}-"
+            f"{r['ms_p80']:.3f}) | {r['roofline_ms']:.3f} | {100 * r['roofline_fraction']:.0f}% | "
+            f"{r['kv_bytes'] / 2**20:.1f} | {'yes' if r['cuda_graph'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def _row_line(r: dict) -> str:
+    if "error" in r:
+        return f"ctx {r['context']:>7} {r['kv']:>6}: {r['error']}"
+    return (f"ctx {r['context']:>7} {r['kv']:>6}: {r['ms_median']:.3f} ms/token, roofline "
+            f"{r['roofline_ms']:.3f} ms ({100 * r['roofline_fraction']:.0f}%)")
+
+
+def _device_name(dev: torch.device) -> str:
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+
+
+def _metadata(args: argparse.Namespace, dev: torch.device, dtype: torch.dtype, bw: float) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, check=False).stdout.strip()
+    except OSError:
+        commit = ""
+    if len(commit) != 40:  # not a git checkout (e.g. a copied tree)
+        commit = ""
+    return {
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "device": _device_name(dev),
+        "dtype": str(dtype),
+        "read_bw_Bps": bw,
+        "torch": torch.__version__,
+        "git_commit": commit,
+        "timestamp": datetime.now(timezone.utc).isoformat(),
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""Markdown summary of benchmarks/attention.py rows: tables per phase and the targets."""
+
+from __future__ import annotations
+
+
+def _ctx_label(c: int) -> str:
+    return f"{c // 1024}k" if c % 1024 == 0 else str(c)
+
+
+def _cell(r: dict | None, phase: str) -> str:
+    if r is None:
+        return "–"
+    if r["status"] != "ok":
+        return r["status"]
+    if phase == "decode":
+        frac = f" ({100 * r['frac_ceiling']:.0f}%)" if r.get("frac_ceiling") else ""
+        return f"{r['median_ms']:.3f} ms · {r['tbps']:.2f} TB/s{frac}"
+    return f"{r['median_ms']:.2f} ms · {r['tflops']:.0f} TFLOP/s"
+
+
+def markdown_summary(rows: list[dict], config: dict) -> str:
+    main = [r for r in rows if "@" not in r["arm"]]
+    sweep = [r for r in rows if "@" in r["arm"]]
+    ctxs = sorted({r["ctx"] for r in main})
+    arms = list(dict.fromkeys(r["arm"] for r in main))
+    idx = {(r["arm"], r["phase"], r["ctx"]): r for r in rows}
+    out = [
+        f"Device: {config['device']}; torch {config['torch']}; triton {config['triton']}; "
+        f"{config['date']}; git {config['git']}",
+        f"Command: `{config['command']}`",
+        f"Streaming-read ceiling (best of {len(config.get('read_ceiling_kernels', []))} "
+        f"read kernels): {config.get('read_ceiling_tbps', float('nan')):.2f} TB/s",
+        "",
+    ]
+    for phase in ("decode", "prefill"):
+        if not any(r["phase"] == phase for r in main):
+            continue
+        n_q = next(r["rows"] for r in main if r["phase"] == phase)
+        unit = "ms · TB/s of cache bytes (% of read ceiling)" if phase == "decode" else "ms · TFLOP/s"
+        out += [f"### {phase} ({n_q} query rows; {unit})", "",
+                "| arm | " + " | ".join(_ctx_label(c) for c in ctxs) + " |",
+                "|---|" + "---|" * len(ctxs)]
+        for a in arms:
+            out.append(f"| {a} | " + " | ".join(_cell(idx.get((a, phase, c)), phase) for c in ctxs) + " |")
+        out.append("")
+    out += ["### transient memory (MiB, peak above baseline during one call, output included)", "",
+            "| arm | " + " | ".join(f"{p} {_ctx_label(c)}" for p in ("decode", "prefill") for c in ctxs) + " |",
+            "|---|" + "---|" * (2 * len(ctxs))]
+    for a in arms:
+        cells = []
+        for p in ("decode", "prefill"):
+            for c in ctxs:
+                r = idx.get((a, p, c))
+                cells.append("–" if r is None or r["status"] != "ok" else f"{r['transient_mib']:.0f}")
+        out.append(f"| {a} | " + " | ".join(cells) + " |")
+    out += ["", *targets(idx, ctxs, arms)]
+    if sweep:
+        out += ["", "### launch-config sweep (kvtax)", "", "| arm@config | phase | ctx | ms | TB/s | TFLOP/s |",
+                "|---|---|---|---|---|---|"]
+        for r in sweep:
+            if r["status"] == "ok":
+                out.append(f"| {r['arm']} | {r['phase']} | {_ctx_label(r['ctx'])} | {r['median_ms']:.3f} | "
+                           f"{r['tbps']:.2f} | {r['tflops']:.0f} |")
+            else:
+                out.append(f"| {r['arm']} | {r['phase']} | {_ctx_label(r['ctx'])} | {r['status']} | | |")
+    return "\n".join(out) + "\n"
+
+
+def targets(idx: dict, ctxs: list[int], arms: list[str]) -> list[str]:
+    """The issue's targets, checked at the largest context."""
+    c = max(ctxs)
+    ok = lambda a, p, cc=c: (r := idx.get((a, p, cc))) is not None and r["status"] == "ok"  # noqa: E731
+    lines = [f"### targets at {_ctx_label(c)}", ""]
+    sdpa = [idx[(a, "decode", c)] for a in ("sdpa-flash", "sdpa-cudnn") if ok(a, "decode")]
+    if sdpa:
+        best = min(sdpa, key=lambda r: r["median_ms"])
+        base = best["median_ms"]
+        for arm, bound in (("kvtax-int8", 0.60), ("kvtax-int4", 0.40), ("kvtax-fp16", 1.15)):
+            if ok(arm, "decode"):
+                ratio = idx[(arm, "decode", c)]["median_ms"] / base
+                lines.append(f"- {arm} decode / {best['arm']} decode = {ratio:.2f} (target <= {bound:.2f}): "
+                             f"{'held' if ratio <= bound else 'MISSED'}")
+    flash = [idx[(a, "prefill", c)] for a in ("sdpa-flash", "sdpa-cudnn") if ok(a, "prefill")]
+    if flash:
+        best = max(flash, key=lambda r: r["tflops"])
+        for arm in ("kvtax-int8", "kvtax-int4"):
+            if ok(arm, "prefill"):
+                ratio = idx[(arm, "prefill", c)]["tflops"] / best["tflops"]
+                lines.append(f"- {arm} prefill TFLOP/s / {best['arm']} = {ratio:.2f} (target >= 0.70): "
+                             f"{'held' if ratio >= 0.7 else 'MISSED'}")
+        for arm in ("kvtax-int8", "kvtax-int4"):
+            worse = [cc for cc in ctxs if ok(arm, "prefill", cc) and ok("sdpa-flash", "prefill", cc)
+                     and idx[(arm, "prefill", cc)]["transient_mib"]
+                     > idx[("sdpa-flash", "prefill", cc)]["transient_mib"] + 1e-6]
+            lines.append(f"- {arm} prefill transient memory <= sdpa-flash's at every context: "
+                         f"{'held' if not worse else 'MISSED at ' + ', '.join(map(_ctx_label, worse))}")
+    for arm in ("kvtax-fp16", "kvtax-int8", "kvtax-int4", "kvtax-fp8"):
+        fr = [idx[(arm, "decode", cc)].get("frac_ceiling") for cc in ctxs if cc >= 65536 and ok(arm, "decode", cc)]
+        if fr and all(f is not None for f in fr):
+            lines.append(f"- aim: {arm} decode at >= 90% of the read ceiling from 64k: "
+                         f"{', '.join(f'{100 * f:.0f}%' for f in fr)}")
+    return lines

@@ -1,0 +1,186 @@
+"""Pieces shared by the prefill and decode kernels: slot positions and one attention step.
+
+Softmax runs in base 2: scores are scaled by `qk_scale = scale * log2(e)` (or by
+`scale / softcap` followed by `softcap * log2(e) * tanh(.)` when soft-capping), so the
+exponentials are `exp2`.
+"""
+
+import triton
+import triton.language as tl
+
+from kvtax.attention.kernels.dequant import code_offset, load_codes, load_kv_tile, load_meta
+
+
+@triton.jit
+def num_slots_of(length, sinks, ring, IS_RING: tl.constexpr):
+    """Slots holding valid tokens for a sequence of `length` (see CacheView.num_slots)."""
+    if IS_RING:
+        n = tl.minimum(length, sinks) + tl.minimum(tl.maximum(length - sinks, 0), ring)
+    else:
+        n = length
+    return n
+
+
+@triton.jit
+def slot_positions(o_n, length, sinks, ring, IS_RING: tl.constexpr):
+    """Logical position of each slot in `o_n` (CacheView's slot map; valid slots only)."""
+    if IS_RING:
+        n_ring = length - sinks
+        # for valid ring slots (n_ring - 1) - (o_n - sinks) >= 0, so % needs no sign care
+        t = (n_ring - 1) - ((n_ring - 1 - (o_n - sinks)) % ring)
+        pos = tl.where(o_n < sinks, o_n, sinks + t)
+    else:
+        pos = o_n
+    return pos
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from exp2, saturating cleanly to ±1 for large |x| (no libdevice needed)."""
+    e = tl.exp2(x * 2.8853900817779268)  # exp(2x)
+    return 1.0 - 2.0 / (e + 1.0)
+
+
+@triton.jit
+def tile_meta(p_ks, p_kb, p_vs, p_vb, start, num_slots, s_km, s_vm,
+              HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+              K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr,
+              V_GS: tl.constexpr):
+    """K and V scales/biases of the tile at `start` (8 tensors, see `load_meta`)."""
+    o_n = start + tl.arange(0, BLOCK_N)
+    m_n = o_n < num_slots
+    o_t = o_n.to(tl.int64)
+    ks_lo, kb_lo, ks_hi, kb_hi = load_meta(p_ks, p_kb, o_t, m_n, s_km, HEAD_DIM, HALF,
+                                           BLOCK_N, K_FMT, K_GS)
+    vs_lo, vb_lo, vs_hi, vb_hi = load_meta(p_vs, p_vb, o_t, m_n, s_vm, HEAD_DIM, HALF,
+                                           BLOCK_N, V_FMT, V_GS)
+    return ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi
+
+
+@triton.jit
+def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, length, kv0,
+              p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc, s_km, s_vc, s_vm,
+              ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
+              sinks, ring, window, qk_scale, cap_log2,
+              HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+              K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr,
+              V_GS: tl.constexpr, MASKED: tl.constexpr, IS_RING: tl.constexpr,
+              HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
+              FOLD_K: tl.constexpr, FOLD_V: tl.constexpr, F16_MATH: tl.constexpr,
+              HAS_KV_START: tl.constexpr):
+    """One online-softmax step over slots `[start, start + BLOCK_N)`.
+
+    acc_lo/acc_hi `[BLOCK_M, HALF]` f32, m_i/l_i `[BLOCK_M]` f32 (base-2 running max and
+    denominator), q_lo/q_hi `[BLOCK_M, HALF]`, q_pos `[BLOCK_M]` query positions;
+    ks_lo..vb_hi: this tile's scales/biases (`tile_meta`). Returns the updated state and
+    the next tile's scales/biases, fetched first so their latency overlaps this tile.
+    MASKED=False is for tiles every row sees whole (no causal, window, ring or padding
+    masking); with HAS_KV_START keys at positions < kv0 (left padding) are hidden.
+    FOLD_K / FOLD_V (decode, one scale group per half): feed raw codes to the dots and
+    apply scales and biases to the few score / output rows instead of every K/V element.
+    """
+    nk_s_lo, nk_b_lo, nk_s_hi, nk_b_hi, nv_s_lo, nv_b_lo, nv_s_hi, nv_b_hi = tile_meta(
+        p_ks, p_kb, p_vs, p_vb, start + BLOCK_N, num_slots, s_km, s_vm,
+        HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS)
+    dtype = q_lo.dtype
+    o_n = start + tl.arange(0, BLOCK_N)
+    m_n = o_n < num_slots
+    o_t = o_n.to(tl.int64)
+    if FOLD_K:
+        # q.(s*c + b) per half = s * (q.c) + b * sum(q); codes may carry an offset
+        c_lo, c_hi = load_codes(p_kc, o_t, m_n, s_kc, HEAD_DIM, HALF, K_FMT, dtype)
+        s = _dot(q_lo, tl.trans(c_lo), IEEE) * _row(ks_lo)[None, :]
+        if K_FMT == 3:
+            s += _dot(q_hi, tl.trans(c_hi), IEEE) * _row(ks_lo)[None, :]
+        else:
+            off = code_offset(K_FMT, dtype)
+            s += _dot(q_hi, tl.trans(c_hi), IEEE) * _row(ks_hi)[None, :]
+            qs_lo = tl.sum(q_lo.to(tl.float32), 1)
+            qs_hi = tl.sum(q_hi.to(tl.float32), 1)
+            s += qs_lo[:, None] * (_row(kb_lo) - off * _row(ks_lo))[None, :]
+            s += qs_hi[:, None] * (_row(kb_hi) - off * _row(ks_hi))[None, :]
+    else:
+        k_lo, k_hi = load_kv_tile(p_kc, p_ks, p_kb, o_t, m_n, s_kc, s_km,
+                                  ks_lo, kb_lo, ks_hi, kb_hi,
+                                  HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, dtype, F16_MATH)
+        s = _dot(q_lo, tl.trans(k_lo), IEEE)
+        s = _dot_acc(q_hi, tl.trans(k_hi), s, IEEE)  # [BLOCK_M, BLOCK_N]
+    s = s * qk_scale
+    if SOFTCAP:
+        s = cap_log2 * _tanh(s)
+    if MASKED:
+        k_pos = slot_positions(o_n, length, sinks, ring, IS_RING)
+        vis = m_n[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        if HAS_WINDOW:
+            vis = vis & (((q_pos[:, None] - k_pos[None, :]) < window) | (k_pos[None, :] < sinks))
+        if HAS_KV_START:
+            vis = vis & (k_pos[None, :] >= kv0)
+        s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row that has seen no visible key yet keeps m = -inf; subtract 0 instead of -inf
+    m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_base)
+    p = tl.exp2(s - m_base[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if FOLD_V:
+        # P.(s*c + b) = (P*s).c + P.b; P*s is taken relative to the tile's largest scale
+        # so the fp16 operand stays in range, and the offset comes off via sum(P*s)
+        c_lo, c_hi = load_codes(p_vc, o_t, m_n, s_vc, HEAD_DIM, HALF, V_FMT, dtype)
+        acc_lo = _fold_pv(acc_lo, alpha, p, c_lo, _row(vs_lo), _row(vb_lo), V_FMT, dtype, IEEE)
+        if V_FMT == 3:  # one scale per row: s_lo serves both halves
+            acc_hi = _fold_pv(acc_hi, alpha, p, c_hi, _row(vs_lo), _row(vb_lo), V_FMT, dtype,
+                              IEEE)
+        else:
+            acc_hi = _fold_pv(acc_hi, alpha, p, c_hi, _row(vs_hi), _row(vb_hi), V_FMT, dtype,
+                              IEEE)
+    else:
+        v_lo, v_hi = load_kv_tile(p_vc, p_vs, p_vb, o_t, m_n, s_vc, s_vm,
+                                  vs_lo, vb_lo, vs_hi, vb_hi,
+                                  HEAD_DIM, HALF, BLOCK_N, V_FMT, V_GS, dtype, F16_MATH)
+        p16 = p.to(dtype)
+        acc_lo = _dot_acc(p16, v_lo, acc_lo * alpha[:, None], IEEE)
+        acc_hi = _dot_acc(p16, v_hi, acc_hi * alpha[:, None], IEEE)
+    return (acc_lo, acc_hi, m_new, l_i,
+            nk_s_lo, nk_b_lo, nk_s_hi, nk_b_hi, nv_s_lo, nv_b_lo, nv_s_hi, nv_b_hi)
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def _dot_acc(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:
+        out = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc)
+    return out
+
+
+@triton.jit
+def _row(x):
+    """Per-slot metadata `[BLOCK_N]` as float32."""
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _fold_pv(acc, alpha, p, codes, scale, bias, FMT: tl.constexpr, DTYPE: tl.constexpr,
+             IEEE: tl.constexpr):
+    """acc * alpha + P @ (scale * codes + bias), with the scales applied to P.
+
+    codes `[BLOCK_N, HALF]` from `load_codes`; scale, bias `[BLOCK_N]` float32.
+    """
+    top = tl.maximum(tl.max(scale, 0), 1e-30)
+    pv = (p * (scale / top)[None, :]).to(DTYPE)  # [BLOCK_M, BLOCK_N]
+    o = _dot(pv, codes, IEEE)
+    if (FMT == 1 or FMT == 2) and DTYPE == tl.float16:
+        o -= 1024.0 * tl.sum(pv.to(tl.float32), 1)[:, None]  # codes carry +1024
+    acc = acc * alpha[:, None] + top * o
+    if FMT != 3:
+        acc += tl.sum(p * bias[None, :], 1)[:, None]
+    return acc

@@ -1,0 +1,97 @@
+"""Split-KV decode (flash-decoding): 1..16 query rows against the cache, in parallel splits.
+
+Grid `(B * H_kv, num_splits)`. The G query heads of a KV head times the L query rows
+(R = G * L <= BLOCK_M, padded to at least 16 for tl.dot) share one program, which scans
+one contiguous range of slots and writes an unnormalized partial: acc `[R, D]`, the
+base-2 running max m `[R]` and denominator l `[R]`. `reduce.py` merges the splits.
+
+The split ranges are computed in the kernel from the sequence length, which may come
+from a device tensor, so one CUDA graph serves every decode step: the grid depends only
+on the cache's capacity.
+"""
+
+import triton
+import triton.language as tl
+
+from kvtax.attention.kernels.common import attn_step, num_slots_of, tile_meta
+
+
+@triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
+def _decode_attn_split_kernel(
+    Q, PartO, PartM, PartL, Kc, Ks, Kb, Vc, Vs, Vb, Lens, KvStart,
+    length_host, n_q, num_splits, n_kv_heads, sinks, ring, window, qk_scale, cap_log2,
+    s_qb, s_qh, s_ql, s_qd,
+    s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
+    s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr, V_GS: tl.constexpr,
+    IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
+    F16_MATH: tl.constexpr, HAS_KV_START: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (pid_bh // n_kv_heads).to(tl.int64)
+    h = (pid_bh % n_kv_heads).to(tl.int64)
+    if HAS_LENS:
+        length = tl.load(Lens + b)
+    else:
+        length = length_host
+    num_slots = num_slots_of(length, sinks, ring, IS_RING)
+    if HAS_KV_START:  # left padding: this row's keys start here
+        kv0 = tl.load(KvStart + b)
+    else:
+        kv0 = 0
+    # equal shares of whole tiles; trailing splits may be empty and write m = -inf, l = 0
+    chunk = tl.cdiv(tl.cdiv(num_slots, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, num_slots)
+
+    DH: tl.constexpr = HEAD_DIM // 2
+    n_rows = G * n_q
+    o_m = tl.arange(0, BLOCK_M)
+    o_l = o_m // G
+    m_row = o_m < n_rows
+    q_pos = length - n_q + o_l
+    o_d = tl.arange(0, HALF)
+    m_d = o_d < DH
+    p_q = Q + b * s_qb + (h * G + o_m % G)[:, None] * s_qh + o_l.to(tl.int64)[:, None] * s_ql
+    m_q = m_row[:, None] & m_d[None, :]
+    q_lo = tl.load(p_q + o_d[None, :] * s_qd, mask=m_q, other=0.0)  # [BLOCK_M, HALF]
+    q_hi = tl.load(p_q + (o_d + DH)[None, :] * s_qd, mask=m_q, other=0.0)
+    if IEEE:  # float32 dots throughout (fp32 models; bf16 under the interpreter)
+        q_lo = q_lo.to(tl.float32)
+        q_hi = q_hi.to(tl.float32)
+
+    p_kc = Kc + b * s_kc_b + h * s_kc_h
+    p_ks = Ks + b * s_km_b + h * s_km_h
+    p_kb = Kb + b * s_km_b + h * s_km_h
+    p_vc = Vc + b * s_vc_b + h * s_vc_h
+    p_vs = Vs + b * s_vm_b + h * s_vm_h
+    p_vb = Vb + b * s_vm_b + h * s_vm_h
+
+    acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi = tile_meta(
+        p_ks, p_kb, p_vs, p_vb, lo, num_slots, s_km_t, s_vm_t,
+        HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS)
+    for start in range(lo, hi, BLOCK_N):
+        (acc_lo, acc_hi, m_i, l_i, ks_lo, kb_lo, ks_hi, kb_hi,
+         vs_lo, vb_lo, vs_hi, vb_hi) = attn_step(
+            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, length, kv0,
+            p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
+            ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
+            sinks, ring, window, qk_scale, cap_log2,
+            HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
+            True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START)
+
+    # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
+    row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m
+    tl.store(PartM + row, m_i, mask=m_row)
+    tl.store(PartL + row, l_i, mask=m_row)
+    p_o = PartO + row[:, None] * HEAD_DIM
+    tl.store(p_o + o_d[None, :], acc_lo, mask=m_q)
+    tl.store(p_o + (o_d + DH)[None, :], acc_hi, mask=m_q)

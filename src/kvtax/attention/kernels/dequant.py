@@ -1,0 +1,193 @@
+"""Load a tile of cached K or V rows and dequantize it in registers.
+
+Every format is returned as two half-width tiles `[BLOCK_N, HALF]` holding dims
+`[0, D/2)` and `[D/2, D)` (HALF = D/2 rounded up to a power of two, padding masked to
+0). That is int4's split-halves packing natively: one byte tile gives both halves with
+one mask and one shift; the other formats load the two half rows. Attention then does
+two half-width `tl.dot`s per tile instead of one full-width one.
+
+Scales and biases are tiny (2-byte) loads that Triton cannot stage through cp.async, so
+the kernels fetch them one tile ahead with `load_meta` and carry them in registers:
+their latency hides behind the current tile instead of stalling every iteration.
+
+Format codes (constexpr): 0 float (fp16/bf16/fp32 rows), 1 int8 affine, 2 int4 affine
+(split halves), 3 fp8 e4m3 with one scale per row (codes passed as uint8).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _codes_to_f32(c):
+    """Exact uint8 codes → float32 without the slow int→float unit: 2^23 + c has c
+    as its mantissa, so OR-ing the exponent in and subtracting 2^23 is exact."""
+    return (c.to(tl.uint32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _meta_half(p_meta, o_t, m_t, s_mt, OFF: tl.constexpr, HEAD_DIM: tl.constexpr,
+               GS: tl.constexpr):
+    """Groups of the half starting at dim OFF: `[BLOCK_N]` when one group covers it,
+    else `[BLOCK_N, D/2 / GS]` (D a power of two, so groups never straddle halves)."""
+    DH: tl.constexpr = HEAD_DIM // 2
+    if GS >= DH:
+        x = tl.load(p_meta + o_t * s_mt + OFF // GS, mask=m_t, other=0.0)
+    else:
+        o_g = tl.arange(0, DH // GS) + OFF // GS
+        x = tl.load(p_meta + o_t[:, None] * s_mt + o_g[None, :], mask=m_t[:, None], other=0.0)
+    return x
+
+
+@triton.jit
+def load_meta(p_scales, p_biases, o_t, m_t, s_mt, HEAD_DIM: tl.constexpr,
+              HALF: tl.constexpr, BLOCK_N: tl.constexpr, FMT: tl.constexpr,
+              GS: tl.constexpr):
+    """Compact scales/biases of slots `o_t` `[BLOCK_N]`: (s_lo, b_lo, s_hi, b_hi).
+
+    Each is `[BLOCK_N]` (one group per half, fp8's row scale) or `[BLOCK_N, NGH]`.
+    Unused entries are zeros (float formats; fp8 uses s_lo only; head dims that are not
+    a power of two gather theirs inside `load_kv_tile` instead).
+    """
+    none = tl.zeros([BLOCK_N], dtype=tl.float16)
+    s_lo = none
+    b_lo = none
+    s_hi = none
+    b_hi = none
+    if FMT == 3:
+        s_lo = tl.load(p_scales + o_t * s_mt, mask=m_t, other=0.0)
+    elif (FMT == 1 or FMT == 2) and HALF == HEAD_DIM // 2:
+        s_lo = _meta_half(p_scales, o_t, m_t, s_mt, 0, HEAD_DIM, GS)
+        b_lo = _meta_half(p_biases, o_t, m_t, s_mt, 0, HEAD_DIM, GS)
+        s_hi = _meta_half(p_scales, o_t, m_t, s_mt, HEAD_DIM // 2, HEAD_DIM, GS)
+        b_hi = _meta_half(p_biases, o_t, m_t, s_mt, HEAD_DIM // 2, HEAD_DIM, GS)
+    return s_lo, b_lo, s_hi, b_hi
+
+
+@triton.jit
+def _expand(x, HALF: tl.constexpr, GS: tl.constexpr, BLOCK_N: tl.constexpr,
+            MATH: tl.constexpr):
+    """`[BLOCK_N]` → `[BLOCK_N, 1]` (broadcasts); `[BLOCK_N, NGH]` repeats each group GS
+    times to `[BLOCK_N, HALF]`."""
+    x = x.to(MATH)
+    if GS >= HALF:
+        x = x[:, None]
+    else:
+        x = tl.reshape(tl.broadcast_to(x[:, :, None], (BLOCK_N, HALF // GS, GS)), (BLOCK_N, HALF))
+    return x
+
+
+@triton.jit
+def _gather_half(p_meta, o_t, m_t, s_mt, OFF: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 HALF: tl.constexpr, GS: tl.constexpr):
+    """Per-dim group parameter for D = 80, 96, whose groups straddle the halves."""
+    o_d = tl.arange(0, HALF)
+    m = m_t[:, None] & (o_d < HEAD_DIM // 2)[None, :]
+    p = p_meta + o_t[:, None] * s_mt + ((o_d + OFF) // GS)[None, :]
+    return tl.load(p, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
+                 s_lo, b_lo, s_hi, b_hi,
+                 HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+                 FMT: tl.constexpr, GS: tl.constexpr, DTYPE: tl.constexpr,
+                 F16_MATH: tl.constexpr):
+    """Dequantized rows of slots `o_t` `[BLOCK_N]` (int64) of one (batch, KV head).
+
+    p_codes/p_scales/p_biases point at the head's slot 0; s_ct / s_mt are the slot
+    strides of codes and of scales/biases (elements); s_lo..b_hi come from `load_meta`.
+    F16_MATH: with DTYPE fp16, convert and scale in fp16 rather than float32.
+    Masked slots (`m_t` False) read 0. Returns lo, hi `[BLOCK_N, HALF]` in DTYPE.
+    """
+    DH: tl.constexpr = HEAD_DIM // 2
+    # fp16 models may dequantize in fp16 (an fma rounds once, as f32-then-round does)
+    MATH: tl.constexpr = tl.float16 if (DTYPE == tl.float16 and F16_MATH) else tl.float32
+    o_d = tl.arange(0, HALF)
+    m = m_t[:, None] & (o_d < DH)[None, :]
+    p_row = p_codes + o_t[:, None] * s_ct  # [BLOCK_N, 1]
+    if FMT == 2:
+        byte = tl.load(p_row + o_d[None, :], mask=m, other=0)  # [BLOCK_N, HALF] uint8
+        c_lo = _codes_to(byte & 0xF, MATH)
+        c_hi = _codes_to(byte >> 4, MATH)
+    else:
+        r_lo = tl.load(p_row + o_d[None, :], mask=m, other=0)
+        r_hi = tl.load(p_row + (o_d + DH)[None, :], mask=m, other=0)
+        if FMT == 1:
+            c_lo = _codes_to(r_lo, MATH)
+            c_hi = _codes_to(r_hi, MATH)
+        elif FMT == 3:
+            # fp8 codes arrive as uint8 (the interpreter can't fill fp8 masks)
+            c_lo = r_lo.to(tl.float8e4nv, bitcast=True).to(MATH)
+            c_hi = r_hi.to(tl.float8e4nv, bitcast=True).to(MATH)
+        else:
+            c_lo = r_lo
+            c_hi = r_hi
+    if FMT == 0:
+        lo = r_lo
+        hi = r_hi
+    elif FMT == 3:
+        lo = c_lo * s_lo.to(MATH)[:, None]
+        hi = c_hi * s_lo.to(MATH)[:, None]
+    elif HALF == DH:
+        lo = c_lo * _expand(s_lo, HALF, GS, BLOCK_N, MATH) + _expand(b_lo, HALF, GS, BLOCK_N, MATH)
+        hi = c_hi * _expand(s_hi, HALF, GS, BLOCK_N, MATH) + _expand(b_hi, HALF, GS, BLOCK_N, MATH)
+    else:
+        lo = c_lo.to(tl.float32) * _gather_half(p_scales, o_t, m_t, s_mt, 0, HEAD_DIM, HALF, GS) \
+            + _gather_half(p_biases, o_t, m_t, s_mt, 0, HEAD_DIM, HALF, GS)
+        hi = c_hi.to(tl.float32) * _gather_half(p_scales, o_t, m_t, s_mt, DH, HEAD_DIM, HALF, GS) \
+            + _gather_half(p_biases, o_t, m_t, s_mt, DH, HEAD_DIM, HALF, GS)
+    return lo.to(DTYPE), hi.to(DTYPE)
+
+
+@triton.jit
+def _codes_to(c, DT: tl.constexpr):
+    """Exact integer codes (0..255) as DT without the slow int→float unit."""
+    if DT == tl.float16:
+        # 0x6400 is 1024.0: OR-ing a code into its mantissa gives 1024 + c exactly
+        x = (c.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    else:
+        x = _codes_to_f32(c).to(DT)
+    return x
+
+
+@triton.jit
+def code_offset(FMT: tl.constexpr, DTYPE: tl.constexpr):
+    """The constant `load_codes` adds to every code (1024 on the fp16 fast path)."""
+    if (FMT == 1 or FMT == 2) and DTYPE == tl.float16:
+        off = 1024.0
+    else:
+        off = 0.0
+    return off
+
+
+@triton.jit
+def load_codes(p_codes, o_t, m_t, s_ct, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+               FMT: tl.constexpr, DTYPE: tl.constexpr):
+    """Raw codes of a tile as DTYPE, for kernels that apply scales after the dot.
+
+    Returns lo, hi `[BLOCK_N, HALF]`: value = code + `code_offset(FMT, DTYPE)` for int
+    formats (fp16 skips the subtraction: the caller folds it into the bias term), the
+    decoded e4m3 value for fp8. Masked slots read code 0.
+    """
+    DH: tl.constexpr = HEAD_DIM // 2
+    o_d = tl.arange(0, HALF)
+    m = m_t[:, None] & (o_d < DH)[None, :]
+    p_row = p_codes + o_t[:, None] * s_ct
+    if FMT == 2:
+        byte = tl.load(p_row + o_d[None, :], mask=m, other=0)
+        c_lo = byte & 0xF
+        c_hi = byte >> 4
+    else:
+        c_lo = tl.load(p_row + o_d[None, :], mask=m, other=0)
+        c_hi = tl.load(p_row + (o_d + DH)[None, :], mask=m, other=0)
+    if FMT == 3:
+        lo = c_lo.to(tl.float8e4nv, bitcast=True).to(DTYPE)
+        hi = c_hi.to(tl.float8e4nv, bitcast=True).to(DTYPE)
+    elif DTYPE == tl.float16:
+        lo = (c_lo.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
+        hi = (c_hi.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
+    else:
+        lo = _codes_to_f32(c_lo).to(DTYPE)
+        hi = _codes_to_f32(c_hi).to(DTYPE)
+    return lo, hi

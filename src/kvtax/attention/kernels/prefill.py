@@ -1,0 +1,111 @@
+"""Chunked-prefill attention: a block of query rows against every cached slot.
+
+Grid `(cdiv(G * L, BLOCK_M), B * H_kv)`. Row m of a tile is query `l = m // G` of head
+`g = m % G` in the KV head's group, so the G heads sharing a KV head sit in one tile and
+each K/V tile is loaded and dequantized once for all of them. Rows are position-major,
+so a tile spans BLOCK_M / G consecutive positions and its causal bound stays tight.
+
+Per program: slots every row sees whole run without masks; the causal edge, windows
+and ring caches run masked. Extra memory: none beyond the output.
+"""
+
+import triton
+import triton.language as tl
+
+from kvtax.attention.kernels.common import attn_step, num_slots_of, tile_meta
+
+
+@triton.jit(do_not_specialize=["length_host", "n_q"])
+def _prefill_attn_fwd_kernel(
+    Q, Out, Kc, Ks, Kb, Vc, Vs, Vb, Lens, KvStart,
+    length_host, n_q, n_kv_heads, sinks, ring, window, qk_scale, cap_log2,
+    s_qb, s_qh, s_ql, s_qd, s_ob, s_oh, s_ol,
+    s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
+    s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr, V_GS: tl.constexpr,
+    IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
+    F16_MATH: tl.constexpr, HAS_KV_START: tl.constexpr,
+):
+    # heaviest (latest) row blocks first: they scan the most slots
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // n_kv_heads).to(tl.int64)
+    h = (pid_bh % n_kv_heads).to(tl.int64)
+    if HAS_LENS:
+        length = tl.load(Lens + b)
+    else:
+        length = length_host
+    num_slots = num_slots_of(length, sinks, ring, IS_RING)
+    if HAS_KV_START:  # left padding: this row's keys start here
+        kv0 = tl.load(KvStart + b)
+    else:
+        kv0 = 0
+
+    DH: tl.constexpr = HEAD_DIM // 2
+    o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_l = o_m // G
+    m_row = o_l < n_q
+    q_pos = length - n_q + o_l  # [BLOCK_M]
+    o_d = tl.arange(0, HALF)
+    m_d = o_d < DH
+    p_q = Q + b * s_qb + (h * G + o_m % G)[:, None] * s_qh + o_l.to(tl.int64)[:, None] * s_ql
+    m_q = m_row[:, None] & m_d[None, :]
+    q_lo = tl.load(p_q + o_d[None, :] * s_qd, mask=m_q, other=0.0)  # [BLOCK_M, HALF]
+    q_hi = tl.load(p_q + (o_d + DH)[None, :] * s_qd, mask=m_q, other=0.0)
+    if IEEE:  # float32 dots throughout (fp32 models; bf16 under the interpreter)
+        q_lo = q_lo.to(tl.float32)
+        q_hi = q_hi.to(tl.float32)
+
+    p_kc = Kc + b * s_kc_b + h * s_kc_h
+    p_ks = Ks + b * s_km_b + h * s_km_h
+    p_kb = Kb + b * s_km_b + h * s_km_h
+    p_vc = Vc + b * s_vc_b + h * s_vc_h
+    p_vs = Vs + b * s_vm_b + h * s_vm_h
+    p_vb = Vb + b * s_vm_b + h * s_vm_h
+
+    acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # slots [0, full_end) are visible to every row; [full_end, hi) need masks
+    q_first = length - n_q + (pid_m * BLOCK_M) // G
+    q_last = length - n_q + tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // G, n_q - 1)
+    if IS_RING or HAS_WINDOW or HAS_KV_START:
+        full_end = 0
+        hi = num_slots
+    else:
+        full_end = ((q_first + 1) // BLOCK_N) * BLOCK_N
+        hi = tl.minimum(q_last + 1, num_slots)
+    # scales/biases of the first tile; each step fetches the next tile's
+    ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi = tile_meta(
+        p_ks, p_kb, p_vs, p_vb, 0, num_slots, s_km_t, s_vm_t,
+        HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS)
+    for start in range(0, full_end, BLOCK_N):
+        (acc_lo, acc_hi, m_i, l_i, ks_lo, kb_lo, ks_hi, kb_hi,
+         vs_lo, vb_lo, vs_hi, vb_hi) = attn_step(
+            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, length, kv0,
+            p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
+            ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
+            sinks, ring, window, qk_scale, cap_log2,
+            HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
+            False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START)
+    for start in range(full_end, hi, BLOCK_N):
+        (acc_lo, acc_hi, m_i, l_i, ks_lo, kb_lo, ks_hi, kb_hi,
+         vs_lo, vb_lo, vs_hi, vb_hi) = attn_step(
+            acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, length, kv0,
+            p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
+            ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
+            sinks, ring, window, qk_scale, cap_log2,
+            HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
+            True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START)
+
+    # rows that saw no key (possible only with odd windows) return zeros, like the reference
+    inv = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
+    p_o = Out + b * s_ob + (h * G + o_m % G)[:, None] * s_oh + o_l.to(tl.int64)[:, None] * s_ol
+    dtype = Out.dtype.element_ty
+    tl.store(p_o + o_d[None, :], (acc_lo * inv[:, None]).to(dtype), mask=m_q)
+    tl.store(p_o + (o_d + DH)[None, :], (acc_hi * inv[:, None]).to(dtype), mask=m_q)

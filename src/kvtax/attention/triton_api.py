@@ -1,0 +1,295 @@
+"""Checked entry points to the fused Triton attention kernels over quantized KV.
+
+    >>> from kvtax.attention.triton_api import triton_attention, unsupported_reason
+    >>> unsupported_reason(q, cache.view())          # None: the kernels can serve it
+    >>> out = triton_attention(q, cache.view())      # q [B, H_q, L, D] → [B, H_q, L, D]
+
+L <= 16 query rows take the split-KV decode kernel plus a reduction; longer chunks take
+the prefill kernel. Both read the cache's quantized storage directly and dequantize
+tiles in registers. On CPU the kernels run through Triton's interpreter when
+`TRITON_INTERPRET=1` was set when this module was imported (how CI tests them);
+`unsupported_reason` still reports CPU tensors as unsupported, so dispatch and callers
+that choose a path keep using the reference there.
+
+CUDA graphs: pass `lengths` (int32 `[B]` on q's device) and keep the storage fixed
+(a preallocated FullCache, or a SlidingCache with `max_chunk`); launch shapes then
+depend only on the cache's capacity, and the kernels read the lengths at run time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import triton
+
+from kvtax.attention.kernels.decode import _decode_attn_split_kernel
+from kvtax.attention.kernels.prefill import _prefill_attn_fwd_kernel
+from kvtax.attention.kernels.reduce import _decode_attn_reduce_kernel
+from kvtax.attention.reference import check_kv_start, check_query
+from kvtax.attention.view import CacheView
+from kvtax.errors import ShapeError
+from kvtax.formats import AffineFormat, FloatFormat, FP8Format, KVFormat
+
+SUPPORTS_KV_START = True  # dispatch passes left-padding starts (kv_start) to the kernels
+MAX_DECODE_ROWS = 16  # query rows served by the decode kernel
+MAX_DECODE_TILE = 128  # G * L rows packed into one decode program
+_Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Test hook: fill split-KV partials with NaN before each launch so unwritten ones show.
+POISON_WORKSPACE = False
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile sizes and launch settings of one call (see `launch_config`)."""
+
+    path: str  # "decode" or "prefill"
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int = 1
+    fold: bool = False  # apply K/V scales to scores / P instead of every element (decode)
+    f16_math: bool = True  # fp16 models dequantize in fp16
+
+
+def _interpreting() -> bool:
+    """True when these kernels were built by Triton's interpreter (TRITON_INTERPRET=1 at
+    import): then triton_attention also runs on CPU tensors (how CI tests the kernels)."""
+    return type(_decode_attn_split_kernel).__name__ == "InterpretedFunction"
+
+
+def _format_code(fmt: KVFormat) -> tuple[int, int] | None:
+    """(kernel format code, group size) or None when the kernels don't know the format."""
+    if isinstance(fmt, FloatFormat):
+        return 0, 0
+    if isinstance(fmt, AffineFormat):
+        return (1 if fmt.n_bits == 8 else 2), fmt.group_size
+    if isinstance(fmt, FP8Format):
+        return 3, 0
+    return None
+
+
+def unsupported_reason(q: torch.Tensor, view: CacheView) -> str | None:
+    """None when the kernels can serve `triton_attention(q, view)` on CUDA, else why not."""
+    return _unsupported(q, view, allow_cpu=False)
+
+
+def _unsupported(q: torch.Tensor, view: CacheView, allow_cpu: bool) -> str | None:
+    if not (q.is_cuda or allow_cpu):
+        return "tensors are not on a CUDA device"
+    if q.dtype not in _Q_DTYPES:
+        return f"query dtype {q.dtype} (the kernels take float16, bfloat16, float32)"
+    d = view.head_dim
+    if d % 2 or not 16 <= d <= 256:
+        return f"head_dim {d} (the kernels take even head dims from 16 to 256)"
+    for part, fmt in (("key", view.spec.key), ("value", view.spec.value)):
+        if _format_code(fmt) is None:
+            return f"{part} format {fmt.name} has no kernel"
+    for qt in (view.k, view.v):
+        if any(t.stride(-1) != 1 for t in qt.parts()):
+            return "cache storage rows are not contiguous (last stride != 1)"
+        if qt.scales is not None and qt.biases is not None and qt.scales.stride() != qt.biases.stride():
+            return "cache scales and biases have different strides"
+    if q.dim() == 4 and q.shape[0] * view.num_kv_heads >= 2**31:
+        return "batch * kv_heads too large for the launch grid"
+    return None
+
+
+def _half(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim // 2))
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few splits, so tests cover the reduction
+
+
+def _max_slots(view: CacheView, lengths: torch.Tensor | None) -> int:
+    """Upper bound on the slots a call may scan; from capacity when lengths are on device."""
+    capacity = view.k.codes.shape[2]
+    if lengths is None:
+        return view.num_slots
+    return min(capacity, view.sinks + view.ring) if view.ring else capacity
+
+
+def launch_config(
+    q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None
+) -> LaunchConfig:
+    """The deterministic heuristic table: tiles by head_dim, dtype and query rows."""
+    n_q, group = q.shape[2], q.shape[1] // view.num_kv_heads
+    half = _half(view.head_dim)
+    if n_q <= MAX_DECODE_ROWS and group * n_q <= MAX_DECODE_TILE:
+        block_m = max(16, triton.next_power_of_2(group * n_q))
+        # measured on the H200 at 128k (notes/KERNELS.md): 128-slot tiles suit fp16; int4
+        # with 128-slot folded tiles was faster but failed the fp16 error bound (run 3)
+        wide = not any(f.is_quantized for f in (view.spec.key, view.spec.value))
+        block_n = 32 if half > 64 else (128 if wide else 64)
+        warps = 4 if block_m * half < 64 * 64 else 8
+        bh = q.shape[0] * view.num_kv_heads
+        tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
+        # ~8 programs per SM keeps a single long sequence streaming at full bandwidth
+        want = triton.cdiv(8 * _sm_count(q.device), bh)
+        splits = max(1, min(want, triton.cdiv(tiles, 2), 256))
+        return LaunchConfig("decode", block_m, block_n, warps, 3, splits, fold=True)
+    if q.dtype == torch.float32:
+        return LaunchConfig("prefill", 64, 32, 4, 2)
+    if half != view.head_dim // 2:  # D = 80, 96: per-dim scale gathers need registers
+        return LaunchConfig("prefill", 64, 64, 8, 2)
+    if half <= 64:
+        return LaunchConfig("prefill", 128, 128, 8, 3)
+    return LaunchConfig("prefill", 64, 64, 4, 2)
+
+
+def triton_attention(
+    q: torch.Tensor,
+    view: CacheView,
+    *,
+    scale: float | None = None,
+    softcap: float | None = None,
+    lengths: torch.Tensor | None = None,
+    kv_start: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
+    """Causal attention of the last L positions' queries over a quantized cache view.
+
+    q:       `[B, H_q, L, D]` fp16/bf16/fp32 (any strides); H_q a multiple of H_kv.
+    view:    `cache.view()`; K and V formats may differ (e.g. k8v4).
+    scale:   softmax scale, default 1/sqrt(D). softcap: Gemma 2's `c * tanh(s / c)`.
+    lengths: optional int32 `[B]` on q's device: each sequence's length, read by the
+             kernels at run time (CUDA-graph decode); default `view.length_t` when the
+             view carries one, else `view.length` for all.
+    kv_start: optional integer `[B]`: each row's first valid key position (left
+             padding); keys before it are hidden.
+    out:     optional `[B, H_q, L, D]` contiguous output buffer in q.dtype.
+    config:  override the heuristic `launch_config` (benchmarks, tuning).
+    Returns `[B, H_q, L, D]` in q.dtype.
+
+    Example:
+        cache.append(k, v)
+        o = triton_attention(q, cache.view(), softcap=50.0)
+    """
+    reason = _unsupported(q, view, allow_cpu=_interpreting())
+    if reason is not None:
+        raise ShapeError(f"triton_attention cannot run this call: {reason}")
+    n_q, group = check_query(q, view)
+    b, h_q, _, d = q.shape
+    h_kv = view.num_kv_heads
+    if lengths is None:
+        lengths = getattr(view, "length_t", None)
+    if kv_start is not None:
+        kv_start = check_kv_start(kv_start, view).to(torch.int32)
+    if lengths is not None:
+        if lengths.dtype != torch.int32 or lengths.shape != (b,) or lengths.device != q.device:
+            raise ShapeError(
+                f"lengths must be int32 [{b}] on {q.device}, got {lengths.dtype} "
+                f"{tuple(lengths.shape)} on {lengths.device}"
+            )
+        lengths = lengths.contiguous()
+    if out is None:
+        out = torch.empty((b, h_q, n_q, d), dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise ShapeError(f"out must be contiguous {tuple(q.shape)} {q.dtype}")
+    if n_q == 0 or b == 0:
+        return out
+    cfg = config or launch_config(q, view, lengths)
+
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    log2e = 1.4426950408889634
+    if softcap:
+        qk_scale, cap_log2 = scale / softcap, softcap * log2e
+    else:
+        qk_scale, cap_log2 = scale * log2e, 0.0
+    k_fmt, k_gs = _format_code(view.spec.key)  # type: ignore[misc]
+    v_fmt, v_gs = _format_code(view.spec.value)  # type: ignore[misc]
+    kc, ks, kb = _parts(view.k)
+    vc, vs, vb = _parts(view.v)
+    common = dict(
+        G=group, HEAD_DIM=d, HALF=_half(d), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        K_FMT=k_fmt, K_GS=max(k_gs, 1), V_FMT=v_fmt, V_GS=max(v_gs, 1),
+        IS_RING=view.ring > 0, HAS_WINDOW=view.window is not None, SOFTCAP=bool(softcap),
+        HAS_LENS=lengths is not None, IEEE=_ieee_dots(q.dtype),
+        FOLD_K=cfg.fold and _fold_pays(view.spec.key, d),
+        FOLD_V=cfg.fold and _fold_pays(view.spec.value, d), F16_MATH=cfg.f16_math,
+        HAS_KV_START=kv_start is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    scalars = (
+        view.length, n_q, h_kv, view.sinks, max(view.ring, 1),
+        view.window if view.window is not None else 0, qk_scale, cap_log2,
+    )
+    cache_args = (
+        kc, ks, kb, vc, vs, vb, lengths if lengths is not None else kc,
+        kv_start if kv_start is not None else kc,
+    )
+    strides = (
+        *kc.stride()[:3], *_meta_stride(ks, kb), *vc.stride()[:3], *_meta_stride(vs, vb),
+    )
+    if cfg.path == "prefill":
+        grid = (triton.cdiv(group * n_q, cfg.block_m), b * h_kv)
+        _prefill_attn_fwd_kernel[grid](
+            q, out, *cache_args, *scalars, *q.stride(), *out.stride()[:3], *strides,
+            **common,
+        )
+        return out
+
+    rows, splits = group * n_q, cfg.num_splits
+    part_o = _workspace((b * h_kv, splits, rows, d), q.device)
+    part_m = _workspace((b * h_kv, splits, rows), q.device)
+    part_l = _workspace((b * h_kv, splits, rows), q.device)
+    _decode_attn_split_kernel[(b * h_kv, splits)](
+        q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
+        *q.stride(), *strides, **common,
+    )
+    splits_pad = triton.next_power_of_2(splits)
+    _decode_attn_reduce_kernel[(b * h_kv, rows)](
+        part_o, part_m, part_l, out, n_q, splits, h_kv, *out.stride()[:3],
+        G=group, HEAD_DIM=d, D_PAD=triton.next_power_of_2(d),
+        SPLITS_PAD=splits_pad, SPLIT_BLOCK=min(splits_pad, 64), num_warps=8,
+    )
+    return out
+
+
+def _fold_pays(fmt: KVFormat, head_dim: int) -> bool:
+    """Move scales off the elements (decode) for fp8 and for int4 whose half-rows each lie
+    in one scale group; int8 measured faster dequantizing per element (notes/KERNELS.md)."""
+    if isinstance(fmt, FP8Format):
+        return True
+    half = head_dim // 2
+    return _is_int4(fmt) and fmt.group_size >= half and _half(head_dim) == half
+
+
+def _is_int4(fmt: KVFormat) -> bool:
+    return isinstance(fmt, AffineFormat) and fmt.n_bits == 4
+
+
+def _ieee_dots(dtype: torch.dtype) -> bool:
+    """float32 dots for fp32 models, and for bf16 under the interpreter, whose bf16
+    tl.dot is broken (Triton 3.9 returns garbage); compiled bf16 keeps bf16 dots."""
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and _interpreting())
+
+
+def _parts(qt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """codes, scales, biases; absent parts alias codes (the kernels never read them)."""
+    codes = qt.codes
+    if codes.dtype == torch.float8_e4m3fn:
+        codes = codes.view(torch.uint8)
+    scales = qt.scales if qt.scales is not None else codes
+    biases = qt.biases if qt.biases is not None else scales
+    return codes, scales, biases
+
+
+def _meta_stride(scales: torch.Tensor, biases: torch.Tensor) -> tuple[int, int, int]:
+    return tuple(scales.stride()[:3])  # type: ignore[return-value]
+
+
+def _workspace(shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    if POISON_WORKSPACE:
+        return torch.full(shape, float("nan"), dtype=torch.float32, device=device)
+    return torch.empty(shape, dtype=torch.float32, device=device)

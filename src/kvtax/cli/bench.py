@@ -1,0 +1,217 @@
+"""`kvtax bench`: sweep contexts x arms x repetitions, one fresh process per cell.
+
+With no arguments it runs on CPU on the built-in tiny model (random weights) in a few
+minutes and writes a complete run folder — runs/<UTC time>-bench-tiny/ with config.json,
+env.json, rows.jsonl, analysis.json — and a report when `kvtax report` is installed.
+
+An arm is a KV format x an attention path:
+  fused     kvtax attention() over the quantized cache (Triton on CUDA)
+  fp16      an unquantized fp16 cache read by torch SDPA (the stock baseline)
+  unfused   mlx-lm's way: dequantize, materialize [H, L, ctx] scores, softmax, matmul
+  dequant   transformers QuantizedCache's way: dequantize the whole cache, then SDPA
+  hf-quantized  transformers' own QuantizedCache (reported unavailable without its backend)
+
+Units: TTFT in seconds, decode in ms/token (mean over --decode-tokens steps, EOS ignored),
+peaks in bytes per phase (CUDA: allocated, reset at phase start; CPU: peak RSS, reset via
+/proc/self/clear_refs). Rows are fsynced one at a time; --resume RUN_DIR finishes a run
+that was interrupted (even by SIGKILL) without losing or repeating a cell.
+
+Examples:
+  kvtax bench
+  kvtax bench --device cuda --model llama-3.1-8b --contexts 4k,16k,32k,64k,128k \\
+      --kv fp16,int8,int4 --paths fused,fp16,unfused,dequant --reps 5 --presize
+  kvtax bench --resume runs/20260101T000000Z-bench-tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CPU_CONTEXTS = "128,256,512,1024"
+
+
+def parse_contexts(text: str) -> list[int]:
+    """"4k,16k,128k" or "4096,16384" → [4096, 16384, ...] (k = 1024)."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        mult = 1024 if part.endswith("k") else 1
+        out.append(int(float(part.rstrip("k")) * mult))
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"contexts must be positive integers, got {text!r}")
+    return out
+
+
+def _csv(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="sweep contexts x KV formats x attention paths; rows to runs/<time>-<name>/",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="tiny",
+                   help="built-in config name, local HF folder or hub id (default tiny)")
+    p.add_argument("--level", choices=["model", "attention"], default="model",
+                   help="whole decoder (default) or the attention op alone over one layer")
+    p.add_argument("--contexts", type=parse_contexts, default=None,
+                   help=f"prompt lengths, k = 1024 (default {DEFAULT_CPU_CONTEXTS} on CPU, "
+                        "4k,16k,32k,64k,128k on CUDA)")
+    p.add_argument("--kv", type=_csv, default=["fp16", "int8", "int4"],
+                   help="KV formats: fp16,int8,int4,fp8,k8v4,int4-g32 ... (default fp16,int8,int4)")
+    p.add_argument("--paths", type=_csv,
+                   default=["fused", "fp16", "unfused", "dequant", "hf-quantized"],
+                   help="attention paths (default all: fused,fp16,unfused,dequant,hf-quantized; "
+                        "an arm that cannot run here gets rows with status unavailable)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per cell (default 3)")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="warm-up cells per arm, run first and excluded from statistics (default 1)")
+    p.add_argument("--decode-tokens", type=int, default=16,
+                   help="timed decode steps per cell, EOS ignored (default 16)")
+    p.add_argument("--chunk-size", type=int, default=2048, help="prefill chunk (default 2048)")
+    p.add_argument("--phases", type=_csv, default=["prefill", "decode"],
+                   help="prefill,decode (default both); 'decode' alone runs prefill unmeasured")
+    p.add_argument("--presize", action="store_true",
+                   help="preallocate caches to prompt + decode tokens: no growth in any window "
+                        "(seed 002's resize discriminator; needed for CUDA-graph decode)")
+    p.add_argument("--quantized-kv-start", type=int, default=0,
+                   help="keep the first N prompt tokens in an fp16 cache, then convert "
+                        "(mlx-lm's quantized_kv_start; default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="order seed (also model weights and prompt; default 0)")
+    p.add_argument("--out", default="runs", help="parent folder of run folders (default runs)")
+    p.add_argument("--name", default=None, help="run folder suffix (default bench-<model>)")
+    p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="finish an interrupted run: skips cells that already have a row")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds per cell before it is killed (row status timeout; default 600)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--dtype", default=None,
+                   help="model dtype: float32 (CPU default), bfloat16 (CUDA default), float16")
+    p.add_argument("--claims", metavar="FILE", default=None,
+                   help="JSON list of predictions to judge, e.g. "
+                        '[{"metric": "slope_ratio", "arm": "int8", "range": [1.8, 2.1]}]')
+    p.add_argument("--cv-threshold", type=float, default=0.10,
+                   help="robust CV above which a cell is flagged and left out of fits (0.10)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per CPU cell (default 1: batch-1 ops are too small "
+                        "to split and a thread pool adds noise)")
+    p.add_argument("--worker", choices=["forkserver", "subprocess"], default="forkserver",
+                   help="fresh process per cell: forked from a preloaded server (default) "
+                        "or a new interpreter each time")
+    p.add_argument("--heads", default="32/8",
+                   help="attention level without a built-in model: query/KV heads (32/8)")
+    p.add_argument("--head-dim", type=int, default=128,
+                   help="attention level without a built-in model: head dim (128)")
+    p.add_argument("--mem-limit", default=None,
+                   help="CPU only: cap each cell's address space this far above its start "
+                        "(e.g. 2GiB) so a large allocation really fails (CUDA needs a huge "
+                        "address space, so do not use it there)")
+    p.add_argument("--force-oom", metavar="PHASE[:CELL]", default=None,
+                   help="harness self-test: raise OutOfMemoryError in PHASE (setup, prefill, "
+                        "decode) of cells whose id contains CELL")
+    p.add_argument("--cuda-graph", choices=["auto", "off"], default="auto",
+                   help="fused path's decode: CUDA graph when the runner can (auto; needs "
+                        "--presize) or eager like the baselines (off)")
+    p.add_argument("--no-report", action="store_true", help="skip writing the report")
+    p.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from kvtax.harness.plan import SweepConfig
+
+    cuda = args.device.startswith("cuda")
+    contexts = args.contexts or parse_contexts("4k,16k,32k,64k,128k" if cuda
+                                               else DEFAULT_CPU_CONTEXTS)
+    claims: list[dict[str, Any]] = []
+    if args.claims:
+        claims = json.loads(Path(args.claims).read_text())
+        if isinstance(claims, dict):
+            claims = claims.get("claims", [])
+    hq, _, hkv = args.heads.partition("/")
+    return SweepConfig(
+        model=args.model, level=args.level, contexts=contexts, kvs=args.kv, paths=args.paths,
+        reps=args.reps, warmup=args.warmup, decode_tokens=args.decode_tokens,
+        chunk_size=args.chunk_size, phases=args.phases, presize=args.presize,
+        quantized_kv_start=args.quantized_kv_start, seed=args.seed, device=args.device,
+        dtype=args.dtype or ("bfloat16" if cuda else "float32"),
+        timeout_s=args.timeout or 600.0, cv_threshold=args.cv_threshold, claims=claims,
+        threads=args.threads, worker=args.worker, heads=int(hq), kv_heads=int(hkv or hq),
+        head_dim=args.head_dim, cuda_graph=None if args.cuda_graph == "auto" else False,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvtax.harness.capacity import parse_size
+    from kvtax.harness.store import RunStore
+    from kvtax.harness.sweep import run_sweep
+
+    overrides: dict[str, Any] = {}
+    if args.mem_limit:
+        overrides["mem_limit_bytes"] = parse_size(args.mem_limit)
+    if args.force_oom:
+        os.environ["KVTAX_FORCE_OOM"] = args.force_oom
+    if args.resume:
+        from kvtax.harness.plan import SweepConfig
+
+        stored = SweepConfig.from_dict(RunStore.open(args.resume).config())
+        cfg = stored
+        if args.timeout:
+            cfg.timeout_s = args.timeout
+    else:
+        cfg = _config(args)
+        if cfg.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                print("kvtax bench: --device cuda but torch sees no CUDA device", file=sys.stderr)
+                return 2
+    try:
+        cfg.arms()
+    except Exception as exc:  # a format or path the user mistyped
+        print(f"kvtax bench: {exc}", file=sys.stderr)
+        return 2
+    store = run_sweep(cfg, out=args.out, name=args.name, resume=args.resume,
+                      cell_overrides=overrides,
+                      command=shlex.join(["kvtax", "bench", *sys.argv[2:]]) if
+                      sys.argv[1:2] == ["bench"] else None)
+    finish(store, cfg, report=not args.no_report)
+    return 0
+
+
+def finish(store: Any, cfg: Any, report: bool = True) -> Path | None:
+    """Print the headline numbers; write the report (which writes analysis.json) or, without
+    one, analysis.json alone. Returns the report's path, if one was written."""
+    from kvtax.harness.analysis import summarize
+    from kvtax.harness.summary import print_summary
+
+    summary = summarize(store.rows(), cv_threshold=cfg.cv_threshold, claims=cfg.claims)
+    print_summary(summary)
+    out = None
+    if report:
+        try:
+            from kvtax.harness.report import write_report
+        except ImportError:
+            print("(kvtax report is not installed here; rows and analysis.json are complete)")
+        else:
+            try:
+                out = write_report(store.path)
+                print(f"report: {out}")
+            except Exception as exc:  # the measurements are safe on disk whatever happens
+                print(f"kvtax bench: the report failed ({exc!r}); rerun `kvtax report "
+                      f"{store.path}`", file=sys.stderr)
+    if out is None:
+        path = store.path / "analysis.json"
+        path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return out

@@ -1,0 +1,150 @@
+"""`kvtax capacity`: tokens of KV cache that fit a memory reservation, per format.
+
+Bytes per token count K and V of every layer (codes + scales + biases, scales in the model
+dtype); a sliding-window layer never holds more than its window. With a device's memory
+(--device-memory, or the free memory of --device cuda) it also prints the longest context
+that fits beside the weights.
+
+Example (seed 001's reservation):
+  kvtax capacity --model llama-3.1-8b --reserve 13.37GiB --kv fp16,int8,int4,fp8
+  kvtax capacity --model llama-3.1-8b --device-memory 141GiB
+  kvtax capacity --from-run runs/20260101T000000Z-bench-tiny --reserve 1GiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "capacity",
+        help="tokens of KV cache that fit a reservation (and a device) per format",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="llama-3.1-8b",
+                   help="built-in config name or local HF folder (default llama-3.1-8b)")
+    p.add_argument("--reserve", default=None,
+                   help="KV memory reservation, e.g. 13.37GiB (GiB = 2^30, GB = 10^9)")
+    p.add_argument("--kv", default="fp16,int8,int4,fp8",
+                   help="formats to compare (default fp16,int8,int4,fp8)")
+    p.add_argument("--sliding-kv", default=None,
+                   help="format of sliding-window layers (default: same as --kv)")
+    p.add_argument("--dtype", default="bfloat16",
+                   help="model dtype: scales are stored in it, weights too (default bfloat16)")
+    p.add_argument("--device-memory", default=None,
+                   help="device memory for the longest-context column, e.g. 141GiB")
+    p.add_argument("--device", default=None,
+                   help="read free memory from this CUDA device instead (e.g. cuda)")
+    p.add_argument("--overhead", default="0",
+                   help="memory kept for activations/workspace beside weights (default 0)")
+    p.add_argument("--batch", type=int, default=1, help="sequences sharing the memory (1)")
+    p.add_argument("--from-run", metavar="RUN_DIR", default=None,
+                   help="use bytes per token measured in a bench run instead of the config")
+    p.set_defaults(func=run)
+
+
+def _model_config(name: str):  # noqa: ANN202
+    import json
+    from pathlib import Path
+
+    from kvtax.models import ModelConfig, get_config
+
+    try:
+        return get_config(name)
+    except KeyError:
+        p = Path(name).expanduser() / "config.json"
+        if p.exists():
+            return ModelConfig.from_hf(json.loads(p.read_text()))
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvtax.harness import capacity as cap
+    from kvtax.harness.cells import torch_dtype
+    from kvtax.harness.plan import resolve_kv
+
+    if not args.reserve and not args.device_memory and not args.device:
+        print("kvtax capacity: give --reserve and/or --device-memory (or --device cuda)",
+              file=sys.stderr)
+        return 2
+    reserve = cap.parse_size(args.reserve) if args.reserve else None
+    overhead = cap.parse_size(args.overhead)
+    if args.from_run:
+        return _from_run(args.from_run, reserve)
+    try:
+        cfg = _model_config(args.model)
+    except KeyError as exc:
+        print(f"kvtax capacity: {exc}", file=sys.stderr)
+        return 2
+    dtype = torch_dtype(args.dtype)
+    itemsize = 2 if dtype != torch_dtype("float32") else 4
+    weights = cfg.weight_params() * itemsize
+    device_bytes = _device_bytes(args)
+    print(f"model {cfg.name}: {cfg.num_layers} layers, {cfg.num_kv_heads} KV heads x "
+          f"{cfg.head_dim}, weights {cap.format_size(weights)} in {args.dtype}"
+          + (f"; reservation {cap.format_size(reserve)}" if reserve else "")
+          + (f"; device {cap.format_size(device_bytes)}" if device_bytes else ""))
+    head = f"{'format':<10}{'bytes/token':>13}"
+    if reserve:
+        head += f"{'tokens in reserve':>19}{'vs first':>10}"
+    if device_bytes:
+        head += f"{'longest context':>17}"
+    print(head)
+    first = None
+    for name in [s.strip() for s in args.kv.split(",") if s.strip()]:
+        spec = resolve_kv(name, cfg.head_dim)
+        sliding = resolve_kv(args.sliding_kv, cfg.head_dim) if args.sliding_kv else None
+        lay = cap.kv_layout(cfg, spec, dtype, sliding)
+        line = f"{spec.name:<10}{lay.per_token:>13,}"
+        if reserve:
+            n = cap.tokens_fitting(reserve, lay, args.batch)
+            first = first or n
+            shown = "unbounded" if n == cap.UNBOUNDED else f"{n:,}"
+            ratio = "" if n == cap.UNBOUNDED or not first else f"{n / first:.2f}x"
+            line += f"{shown:>19}{ratio:>10}"
+        if device_bytes:
+            n = cap.longest_context(device_bytes, weights, lay, overhead, args.batch)
+            line += f"{'unbounded' if n == cap.UNBOUNDED else format(n, ','):>17}"
+        print(line)
+    if device_bytes:
+        print(f"(the model's trained maximum is {cfg.max_position_embeddings:,} positions; "
+              f"overhead kept: {cap.format_size(overhead)})")
+    if cfg.layer_windows().count(None) != cfg.num_layers:
+        print("(sliding-window layers are counted at most at their window)")
+    return 0
+
+
+def _device_bytes(args: argparse.Namespace) -> int | None:
+    from kvtax.harness import capacity as cap
+
+    if args.device_memory:
+        return cap.parse_size(args.device_memory)
+    if args.device:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("kvtax capacity: no CUDA device; use --device-memory", file=sys.stderr)
+            return None
+        free, _total = torch.cuda.mem_get_info(torch.device(args.device))
+        return int(free)
+    return None
+
+
+def _from_run(run_dir: str, reserve: int | None) -> int:
+    from kvtax.harness import capacity as cap
+    from kvtax.harness.store import read_rows
+
+    per = cap.measured_bytes_per_token(read_rows(run_dir))
+    if not per:
+        print(f"kvtax capacity: no ok rows with cache bytes in {run_dir}", file=sys.stderr)
+        return 2
+    print(f"measured resident KV bytes per token in {run_dir} (largest context per arm)")
+    for arm, b in sorted(per.items()):
+        line = f"  {arm:<18}{b:>12,.1f} B/token"
+        if reserve:
+            line += f"{int(reserve // b):>16,} tokens in {cap.format_size(reserve)}"
+        print(line)
+    return 0

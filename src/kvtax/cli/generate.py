@@ -1,0 +1,111 @@
+"""`kvtax generate`: run a model over a quantized KV cache, stream the text, print the costs.
+
+The model is a built-in config name (random weights, byte tokenizer: runs offline in
+seconds; the text is noise), a Hugging Face checkpoint folder, or a hub id. After the text
+it prints time to first token, prefill and decode tokens/s, peak memory (CUDA: peak
+allocated; CPU: process peak RSS) and the KV cache's resident bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text over a quantized KV cache and report TTFT, tok/s, memory",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", nargs="?", default="tiny",
+                   help="built-in config (tiny, llama-3.1-8b, ...), HF folder or hub id "
+                        "(default tiny)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="The key-value cache", help="prompt text")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
+    p.add_argument("--kv", default="int8", help="KV format: fp16, int8, int4, fp8, k8v4, "
+                   "int4-g32, ... (default int8)")
+    p.add_argument("--sliding-kv", default=None,
+                   help="format of sliding-window layers, e.g. fp16 (default: same as --kv)")
+    p.add_argument("--max-tokens", type=int, default=64, help="new tokens at most (default 64)")
+    p.add_argument("--chunk-size", type=int, default=2048,
+                   help="prefill chunk in tokens (default 2048)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0)")
+    p.add_argument("--seed", type=int, default=0, help="sampling and random-weight seed")
+    p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens")
+    p.add_argument("--no-cuda-graph", action="store_true", help="eager decode on CUDA")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
+                   help="weight dtype (default bf16 on CUDA, fp32 on CPU)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvtax.models import Runner, load_model, load_tokenizer
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = _DTYPES[args.dtype or ("bf16" if device.startswith("cuda") else "fp32")]
+    prompt = args.prompt_file.read_text() if args.prompt_file else args.prompt
+    print(f"loading {args.model} ({dtype}, {device})", file=sys.stderr)
+    model = load_model(args.model, dtype=dtype, device=device, seed=args.seed)
+    tok = load_tokenizer(model)
+    ids = tok.encode(prompt)
+    runner = Runner(
+        model, kv=args.kv, sliding_kv=args.sliding_kv, chunk_size=args.chunk_size,
+        cuda_graph=False if args.no_cuda_graph else None,
+    )
+    stream = _Streamer(tok)
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    eos = tok.eos_token_id if tok.eos_token_id is not None else None
+    result = runner.generate(
+        torch.tensor([ids]), args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+        ignore_eos=args.ignore_eos, eos_token_id=eos, on_token=stream, seed=args.seed,
+    )
+    stream.flush()
+    print()
+    mode = "cuda graph" if result.cuda_graph else "eager"
+    print(f"\nprompt {result.prompt_tokens} tokens, generated {len(result.tokens)} "
+          f"(kv {runner.spec.name}, decode {mode})")
+    print(f"TTFT                 {result.ttft_s * 1000:10.1f} ms")
+    print(f"prefill              {result.prefill_tokens_per_s:10.1f} tok/s")
+    print(f"decode               {result.decode_tokens_per_s:10.1f} tok/s "
+          f"({result.decode_ms_per_token:.2f} ms/token)")
+    print(f"peak memory          {_mib(result.peak_bytes)}")
+    print(f"KV cache (resident)  {_mib(result.cache_bytes)} allocated, "
+          f"{_mib(result.cache_used_bytes)} in use")
+    return 0
+
+
+class _Streamer:
+    """Prints text as tokens arrive, holding back bytes until they decode cleanly."""
+
+    def __init__(self, tok) -> None:  # noqa: ANN001
+        self.tok, self.ids, self.printed = tok, [], ""
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.tok.decode(self.ids)
+        if not text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more
+            self._emit(text)
+
+    def flush(self) -> None:
+        self._emit(self.tok.decode(self.ids))
+
+    def _emit(self, text: str) -> None:
+        new = text[len(self.printed):] if text.startswith(self.printed) else text
+        self.printed = text
+        sys.stdout.write(new)
+        sys.stdout.flush()
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:10.2f} MiB"

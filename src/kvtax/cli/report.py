@@ -1,0 +1,55 @@
+"""`kvtax report RUN_DIR [RUN_DIR_B]`: markdown and PNG figures from a run folder's rows.
+
+One run: RUN_DIR/report.md with decode ms/token vs context per arm and its fitted lines
+(t0 + m * context, R², slope ratio against fp16 next to the bytes-predicted ratio), noisy
+cells flagged and named, TTFT, prefill penalty and break-even generated tokens, peak
+memory per phase, the recall grid, failed cells, claims, and the environment and command;
+figures go to RUN_DIR/figures/, the numbers to RUN_DIR/analysis.json.
+
+Two runs: RUN_DIR/compare-<B>.md puts the cells both measured side by side, ratio B / A
+(e.g. two machines, or two commits on one machine).
+
+Examples:
+  kvtax report runs/20260101T000000Z-sweep
+  kvtax report runs/20260101T000000Z-sweep --price-per-hour 2.49
+  kvtax report runs/A runs/B
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="markdown + PNG report of a run folder (or two runs compared)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run_dir", help="run folder (holds rows.jsonl, config.json, env.json)")
+    p.add_argument("compare", nargs="?", default=None,
+                   help="second run folder: compare its cells with RUN_DIR's (ratio B / A)")
+    p.add_argument("--price-per-hour", type=float, default=None, metavar="USD",
+                   help="device price in USD per hour: adds cost per million generated tokens "
+                        "per arm and context (decode time only)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvtax.harness.report import write_report
+
+    for d in filter(None, (args.run_dir, args.compare)):
+        if not (Path(d) / "rows.jsonl").exists():
+            print(f"{d} is not a run folder (no rows.jsonl); pass the folder `kvtax bench` "
+                  "or `kvtax recall` printed", file=sys.stderr)
+            return 2
+    if args.price_per_hour is not None and args.price_per_hour < 0:
+        print("--price-per-hour must be >= 0", file=sys.stderr)
+        return 2
+    out = write_report(Path(args.run_dir), Path(args.compare) if args.compare else None,
+                       args.price_per_hour)
+    print(f"report: {out}")
+    return 0

@@ -1,0 +1,144 @@
+"""`kvtax roofline`: streaming bandwidth, matmul rate, and each attention path's share of them.
+
+Measures the device's achievable streaming read bandwidth (a large reduction and a large
+copy; the higher is the ceiling) and matmul rate, then one decode-attention call per KV
+format x path x context over a cache shaped like --model's layer. Each measurement is a
+row of kind "roofline" in a new run folder (rows.jsonl, config.json, env.json):
+bandwidth_fraction = achieved GB/s / streaming GB/s (bytes that must move: the cache's
+codes + scales + q + out), compute_headroom = matmul TFLOP/s / achieved TFLOP/s.
+
+Examples:
+  kvtax roofline                                   # CPU (or CUDA when present), small shapes
+  kvtax roofline --device cuda --contexts 4k,16k,64k,128k --kv fp16,int8,int4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "roofline",
+        help="streaming bandwidth and each attention path's achieved fraction of it",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    p.add_argument("--model", default="llama-3.1-8b",
+                   help="built-in config whose layer shape to use (default llama-3.1-8b)")
+    p.add_argument("--contexts", default=None,
+                   help="cache lengths, k = 1024 (default 4k,16k,64k,128k CUDA; 1k,4k,16k CPU)")
+    p.add_argument("--kv", default="fp16,int8,int4", help="formats (default fp16,int8,int4)")
+    p.add_argument("--paths", default="fused,fp16,unfused,dequant",
+                   help="attention paths (default fused,fp16,unfused,dequant)")
+    p.add_argument("--dtype", default=None, help="bfloat16 (CUDA default) or float32 (CPU)")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per measurement (20)")
+    p.add_argument("--stream-bytes", default=None,
+                   help="buffer for the bandwidth test (default 2GiB CUDA, 256MiB CPU)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default all)")
+    p.add_argument("--out", default="runs", help="parent folder of run folders (default runs)")
+    p.add_argument("--name", default="roofline", help="run folder suffix (default roofline)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from kvtax.cli.bench import parse_contexts
+    from kvtax.harness import roofline as rf
+    from kvtax.harness.capacity import parse_size
+    from kvtax.harness.cells import torch_dtype
+    from kvtax.harness.plan import model_shape, resolve_kv
+    from kvtax.harness.schema import make_cell_id, utc_now
+    from kvtax.harness.store import RunStore, environment
+    from kvtax.harness.worker import is_oom
+
+    dev_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(dev_name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("kvtax roofline: no CUDA device", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cuda = device.type == "cuda"
+    dtype = torch_dtype(args.dtype or ("bfloat16" if cuda else "float32"))
+    contexts = parse_contexts(args.contexts or ("4k,16k,64k,128k" if cuda else "1k,4k,16k"))
+    shape = model_shape(args.model)
+    if shape is None:
+        print(f"kvtax roofline: unknown model {args.model!r}", file=sys.stderr)
+        return 2
+    kvs = [resolve_kv(k.strip(), shape[2]).name for k in args.kv.split(",") if k.strip()]
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    config = {"kind": "roofline", "model": args.model, "device": dev_name, "dtype": str(dtype),
+              "contexts": contexts, "kvs": kvs, "paths": paths, "iters": args.iters,
+              "layer_shape": list(shape), "argv": sys.argv}
+    store = RunStore.create(args.out, args.name, config)
+    env = environment(dev_name)
+    store.write_env(env)
+    print(f"run folder {store.path}; device {env['device']}")
+    seq = [0]
+
+    def emit(fields: dict[str, Any], **ident: Any) -> dict[str, Any]:
+        kv, path = ident.get("kv", "-"), ident.get("path", "-")
+        row = {
+            "schema": 1, "run_id": store.run_id, "kind": "roofline", "seq": seq[0],
+            "order_seed": 0, "rep": 0, "warmup": False, "model": args.model,
+            "arm": f"{kv}/{path}" if path != "-" else ident.get("op", "-"), "kv": kv,
+            "path": path if path != "-" else "fused", "context": ident.get("context", 0),
+            "chunk_size": None, "decode_tokens": None, "status": "ok", "phase": None,
+            "error": None, "timestamp": utc_now(), "device": env["device"],
+            "git_commit": env.get("git_commit"), "op": ident["op"], "time_s": None,
+            "bytes_moved": None, "flops": None, "achieved_gbs": None, "achieved_tflops": None,
+            "peak_gbs": None, "peak_tflops": None, "bandwidth_fraction": None,
+            "compute_headroom": None,
+        }
+        row["cell_id"] = make_cell_id({**ident, "kind": "roofline", "model": args.model})
+        row.update(fields)
+        store.append(row)
+        seq[0] += 1
+        return row
+
+    nbytes = parse_size(args.stream_bytes) if args.stream_bytes else None
+    bw = rf.stream_bandwidth(device, nbytes, iters=args.iters)
+    peak_gbs = max(bw["read"], bw["copy"])
+    emit({"achieved_gbs": bw["read"], "peak_gbs": peak_gbs, "bytes_moved": int(bw["bytes"]),
+          "bandwidth_fraction": bw["read"] / peak_gbs}, op="stream", variant="read")
+    emit({"achieved_gbs": bw["copy"], "peak_gbs": peak_gbs, "bytes_moved": int(2 * bw["bytes"]),
+          "bandwidth_fraction": bw["copy"] / peak_gbs}, op="stream", variant="copy")
+    tflops = rf.matmul_rate(device, dtype)
+    emit({"achieved_tflops": tflops, "peak_tflops": tflops}, op="matmul")
+    print(f"streaming: read {bw['read']:.1f} GB/s, copy {bw['copy']:.1f} GB/s; "
+          f"matmul {tflops:.2f} TFLOP/s ({dtype})")
+    print(f"{'arm':<16}{'context':>9}{'time us':>11}{'GB/s':>9}{'of peak':>9}{'headroom':>10}")
+    for ctx in contexts:
+        for kv in kvs:
+            for path in paths:
+                if path == "fp16" and kv != "fp16":
+                    continue
+                if path in ("unfused", "dequant") and kv in ("fp16", "bf16", "fp32"):
+                    continue
+                if path == "hf-quantized":
+                    continue
+                ident = {"op": "attention", "kv": kv, "path": path, "context": ctx}
+                try:
+                    m = rf.attention_roofline(kv, path, ctx, shape, device, dtype, args.iters)
+                except Exception as exc:  # one failed point must not end the sweep
+                    status = "oom" if is_oom(exc) else "error"
+                    emit({"status": status, "phase": "attention", "error": repr(exc)[:500]},
+                         **ident)
+                    print(f"{kv + '/' + path:<16}{ctx:>9}  {status}: {exc!r:.80}")
+                    if cuda:
+                        torch.cuda.empty_cache()
+                    continue
+                m.update(peak_gbs=peak_gbs, peak_tflops=tflops,
+                         bandwidth_fraction=m["achieved_gbs"] / peak_gbs,
+                         compute_headroom=tflops / m["achieved_tflops"])
+                emit(m, **ident)
+                print(f"{kv + '/' + path:<16}{ctx:>9}{m['time_s'] * 1e6:>11.1f}"
+                      f"{m['achieved_gbs']:>9.1f}{m['bandwidth_fraction']:>8.0%}"
+                      f"{m['compute_headroom']:>9.0f}x")
+    print(f"rows: {store.rows_path}")
+    return 0

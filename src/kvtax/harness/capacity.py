@@ -1,0 +1,119 @@
+"""Capacity arithmetic: how many tokens of KV cache fit a memory budget, per format.
+
+Seed 001 measured vLLM's capacity at a 13.37 GiB reservation: fp16 KV 109,504 tokens, fp8
+219,008 (2.0x). Here the same question is answered from bytes per token (all layers; a
+sliding-window layer never holds more than its window), and, given the weights, the
+longest context that fits a device.
+
+    >>> budget = parse_size("13.37GiB")
+    >>> tokens_fitting(budget, kv_layout(get_config("llama-3.1-8b"), "fp16"))
+    109527
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvtax.formats import KVSpec
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+UNBOUNDED = -1
+
+
+def parse_size(text: str | int | float) -> int:
+    """"13.37GiB" → bytes (GiB = 2^30, GB = 10^9; a bare number is bytes)."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m[2].lower() not in _UNITS:
+        raise ValueError(f"cannot read a size from {text!r}; write e.g. 13.37GiB, 16GB, 512MiB")
+    return int(float(m[1]) * _UNITS[m[2].lower()])
+
+
+def format_size(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Bytes one token adds: `full` over global layers; `sliding` (window, bytes) pairs."""
+
+    full: int
+    sliding: tuple[tuple[int, int], ...] = ()
+
+    def bytes_at(self, context: int) -> int:
+        """Resident KV bytes of a `context`-token sequence (batch 1)."""
+        return self.full * context + sum(b * min(context, w) for w, b in self.sliding)
+
+    @property
+    def per_token(self) -> int:
+        """Bytes per token while every layer still grows (context below every window)."""
+        return self.full + sum(b for _, b in self.sliding)
+
+
+def kv_layout(cfg: object, spec: str | KVSpec, dtype: torch.dtype = torch.bfloat16,
+              sliding_spec: str | KVSpec | None = None) -> KVLayout:
+    """KVLayout of a kvtax ModelConfig with K/V stored as `spec` (scales in `dtype`)."""
+    spec = KVSpec.parse(spec)
+    sspec = KVSpec.parse(sliding_spec) if sliding_spec else spec
+    hd, hkv = cfg.head_dim, cfg.num_kv_heads  # type: ignore[attr-defined]
+    full, sliding = 0, []
+    for w in cfg.layer_windows():  # type: ignore[attr-defined]
+        if w is None:
+            full += spec.bytes_per_token(hd, dtype) * hkv
+        else:
+            sliding.append((int(w), sspec.bytes_per_token(hd, dtype) * hkv))
+    return KVLayout(full, tuple(sliding))
+
+
+def tokens_fitting(budget: int, layout: KVLayout, batch: int = 1) -> int:
+    """Longest context whose KV fits `budget` bytes (UNBOUNDED if sliding-only and fits)."""
+    if budget < 0:
+        return 0
+    if layout.full == 0:
+        cap = max((w for w, _ in layout.sliding), default=0)
+        if batch * layout.bytes_at(cap) <= budget:
+            return UNBOUNDED
+    lo, hi = 0, 1
+    while batch * layout.bytes_at(hi) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # bytes_at is monotone: bisect the last context that fits
+        mid = (lo + hi) // 2
+        if batch * layout.bytes_at(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def longest_context(
+    device_bytes: int, weight_bytes: int, layout: KVLayout, overhead_bytes: int = 0,
+    batch: int = 1,
+) -> int:
+    """Longest context fitting a device: (memory - weights - overhead) / KV bytes."""
+    return tokens_fitting(device_bytes - weight_bytes - overhead_bytes, layout, batch)
+
+
+def measured_bytes_per_token(rows: Sequence[dict]) -> dict[str, float]:
+    """Per arm: resident cache bytes / context from a run's ok rows (largest context)."""
+    best: dict[str, tuple[int, float]] = {}
+    for r in rows:
+        if r.get("status") != "ok" or not r.get("cache_used_bytes") or not r.get("context"):
+            continue
+        ctx = int(r["context"])
+        per = float(r["cache_used_bytes"]) / ctx
+        if r["arm"] not in best or ctx > best[r["arm"]][0]:
+            best[r["arm"]] = (ctx, per)
+    return {arm: per for arm, (_, per) in best.items()}

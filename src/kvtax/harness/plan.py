@@ -1,0 +1,220 @@
+"""Sweep planning: cells = contexts x arms x repetitions, in a seeded random order.
+
+Interleaving matters: running every rep of one arm back to back lets a slow drift
+(thermals, a background job) masquerade as an arm effect. The order comes from one seed
+recorded on every row, so a resumed run regenerates exactly the same cells and order.
+Warm-up cells (labelled `warmup`, excluded from statistics) run first.
+
+    >>> cells = plan_cells(SweepConfig(contexts=[512, 1024], kvs=["fp16", "int8"]))
+    >>> cells[0].cell_id, cells[0].seq, cells[0].warmup
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvtax.errors import FormatError
+from kvtax.formats import GROUP_SIZES, AffineFormat, KVFormat, KVSpec
+from kvtax.harness.schema import PATHS, arm_name, make_cell_id
+
+QUANTIZED_ONLY = ("unfused", "dequant", "hf-quantized")
+
+
+@dataclass
+class SweepConfig:
+    """Everything that defines a sweep; stored as config.json in the run folder."""
+
+    model: str = "tiny"
+    level: str = "model"                 # "model" (whole decoder) | "attention" (one op)
+    contexts: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048])
+    kvs: list[str] = field(default_factory=lambda: ["fp16", "int8", "int4"])
+    paths: list[str] = field(
+        default_factory=lambda: ["fused", "fp16", "unfused", "dequant", "hf-quantized"]
+    )
+    reps: int = 3
+    warmup: int = 1                      # warm-up cells per arm, at the smallest context
+    decode_tokens: int = 32
+    chunk_size: int = 2048
+    phases: list[str] = field(default_factory=lambda: ["prefill", "decode"])
+    presize: bool = False                # preallocate the cache: no growth in any window
+    quantized_kv_start: int = 0          # first tokens kept in fp16 (mlx-lm's delay)
+    seed: int = 0                        # order seed (also seeds the model weights)
+    device: str = "cpu"
+    dtype: str = "float32"
+    timeout_s: float = 600.0
+    cv_threshold: float = 0.10
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    batch: int = 1
+    threads: int | None = None           # torch CPU threads per cell (None: 1 on CPU)
+    cuda_graph: bool | None = None       # fused path: None = the runner's choice, False = eager
+    worker: str = "forkserver"           # "forkserver" | "subprocess"
+    # Attention-level cells: the layer shape (defaults to the model's when it has one).
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SweepConfig":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def cell_threads(self) -> int | None:
+        """CPU cells default to one thread: batch-1 decode ops are too small to split, and
+        waking a thread pool per op adds noise larger than the op on a shared machine."""
+        if self.threads is not None:
+            return self.threads
+        return 1 if self.device == "cpu" else None
+
+    def resolved_head_dim(self) -> int:
+        """head_dim of the model (built-in name or checkpoint folder), else `head_dim`."""
+        shape = model_shape(self.model)
+        return shape[2] if shape else int(self.head_dim)
+
+    def arms(self) -> list[tuple[str, str]]:
+        """(kv, path) pairs: fused for every format, fp16 once, baselines for quantized kv."""
+        out: list[tuple[str, str]] = []
+        for path in self.paths:
+            if path not in PATHS:
+                raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
+            if path == "fp16":
+                out.append(("fp16", "fp16"))
+                continue
+            for kv in self.kvs:
+                spec = resolve_kv(kv, self.resolved_head_dim())
+                if path in QUANTIZED_ONLY and not spec.is_quantized:
+                    continue  # a baseline for dequantizing has nothing to do on fp16
+                out.append((spec.name, path))
+        return list(dict.fromkeys(out))  # drop repeats, keep order
+
+
+def model_shape(model: str) -> tuple[int, int, int] | None:
+    """(query heads, KV heads, head_dim) of a built-in config or a local HF folder."""
+    import json
+    from pathlib import Path
+
+    try:
+        from kvtax.models import ModelConfig, get_config
+    except ImportError:
+        return None
+    try:
+        cfg = get_config(model)
+    except KeyError:
+        p = Path(model).expanduser() / "config.json"
+        if not p.exists():
+            return None
+        cfg = ModelConfig.from_hf(json.loads(p.read_text()))
+    assert cfg.head_dim is not None
+    return cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+
+def _fit_group(fmt: KVFormat, head_dim: int, explicit: bool) -> KVFormat:
+    if not isinstance(fmt, AffineFormat) or head_dim % fmt.group_size == 0 or explicit:
+        return fmt
+    fits = [g for g in GROUP_SIZES if head_dim % g == 0 and g <= fmt.group_size]
+    if not fits:
+        return fmt
+    return AffineFormat(fmt.n_bits, max(fits))
+
+
+def resolve_kv(kv: str, head_dim: int) -> KVSpec:
+    """A format name made valid for `head_dim`: "int8" on head_dim 32 → "int8-g32".
+
+    Only the default group size is adapted; an explicit `-g<N>` that does not divide
+    head_dim is an error the user should see.
+    """
+    spec = KVSpec.parse(kv)
+    explicit = "-g" in kv
+    spec = KVSpec(
+        _fit_group(spec.key, head_dim, explicit), _fit_group(spec.value, head_dim, explicit)
+    )
+    try:
+        spec.check(head_dim)
+    except FormatError as exc:
+        raise FormatError(f"--kv {kv}: {exc}") from None
+    return spec
+
+
+@dataclass
+class Cell:
+    """One measurement: one arm at one context, one repetition, in its own process."""
+
+    cell_id: str
+    seq: int
+    order_seed: int
+    rep: int
+    warmup: bool
+    kind: str
+    model: str
+    level: str
+    kv: str
+    path: str
+    context: int
+    chunk_size: int
+    decode_tokens: int
+    phases: list[str]
+    presize: bool
+    quantized_kv_start: int
+    device: str
+    dtype: str
+    seed: int
+    batch: int
+    threads: int | None
+    cuda_graph: bool | None
+    heads: int
+    kv_heads: int
+    head_dim: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def arm(self) -> str:
+        return arm_name(self.kv, self.path)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["arm"] = self.arm
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Cell":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def plan_cells(cfg: SweepConfig, kind: str = "bench") -> list[Cell]:
+    """All cells of a sweep in run order: shuffled warm-ups, then shuffled measurements."""
+    arms = cfg.arms()
+    if not arms:
+        raise ValueError("no arms: check --kv and --paths (baselines need a quantized format)")
+    contexts = sorted(set(int(c) for c in cfg.contexts))
+    if not contexts or contexts[0] <= 0:
+        raise ValueError(f"contexts must be positive integers, got {cfg.contexts}")
+    warm, meas = [], []
+    for kv, path in arms:
+        for w in range(cfg.warmup):
+            warm.append((kv, path, contexts[0], w, True))
+        for ctx in contexts:
+            for rep in range(cfg.reps):
+                meas.append((kv, path, ctx, rep, False))
+    rng = random.Random(cfg.seed)
+    rng.shuffle(warm)
+    rng.shuffle(meas)
+    cells = []
+    for seq, (kv, path, ctx, rep, is_warm) in enumerate(warm + meas):
+        params = dict(
+            kind=kind, model=cfg.model, level=cfg.level, kv=kv, path=path, context=ctx,
+            rep=rep, warmup=is_warm, chunk_size=cfg.chunk_size,
+            decode_tokens=cfg.decode_tokens, phases=list(cfg.phases), presize=cfg.presize,
+            quantized_kv_start=cfg.quantized_kv_start, device=cfg.device, dtype=cfg.dtype,
+            seed=cfg.seed, batch=cfg.batch, threads=cfg.cell_threads(),
+            cuda_graph=cfg.cuda_graph, heads=cfg.heads, kv_heads=cfg.kv_heads,
+            head_dim=cfg.head_dim, extra=dict(cfg.extra),
+        )
+        ident = dict(params, arm=arm_name(kv, path))
+        cells.append(Cell(cell_id=make_cell_id(ident), seq=seq, order_seed=cfg.seed, **params))
+    return cells

@@ -1,0 +1,115 @@
+"""Two runs side by side (two machines, two commits): same cells, ratio B / A.
+
+Cells are matched by (arm, context); a cell measured in only one run is counted, not
+compared. Ratios above 1 mean B is larger (slower, or more memory) than A.
+
+    >>> rows = compare_table(gather(run_a), gather(run_b))
+    >>> [r for r in rows if r["metric"] == "decode_ms_per_token"][0]["ratio"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvtax.harness.report_markdown import num, size, table
+
+# (metric, where in the bench analysis, how to read a cell, is it bytes)
+METRICS = (
+    ("decode_ms_per_token", "decode_points", lambda p: p["median"], False),
+    ("ttft_s", "ttft_points", lambda p: p["median"], False),
+    ("prefill_tok_s", "prefill_tok_s", lambda v: v, False),
+    ("prefill_peak_bytes", ("peaks", "prefill"), lambda v: v, True),
+    ("decode_peak_bytes", ("peaks", "decode"), lambda v: v, True),
+    ("cache_bytes", "cache_bytes", lambda v: v, True),
+)
+
+
+def _lookup(a: Mapping[str, Any], where: Any) -> Mapping[str, Any]:
+    if isinstance(where, tuple):
+        out: Any = a
+        for k in where:
+            out = out.get(k, {})
+        return out
+    return a.get(where, {})
+
+
+def compare_table(da: Mapping[str, Any], db: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One dict per (metric, arm, context) measured in both runs: a, b, ratio = b / a."""
+    out: list[dict[str, Any]] = []
+    ba, bb = da.get("bench", {}), db.get("bench", {})
+    for metric, where, read, _ in METRICS:
+        ta, tb = _lookup(ba, where), _lookup(bb, where)
+        for arm in sorted(set(ta) & set(tb)):
+            for ctx in sorted(set(ta[arm]) & set(tb[arm])):
+                va, vb = read(ta[arm][ctx]), read(tb[arm][ctx])
+                ratio = vb / va if va not in (None, 0) and vb is not None else None
+                out.append({"metric": metric, "arm": arm, "context": ctx, "a": va, "b": vb,
+                            "ratio": ratio})
+    ga, gb = da.get("recall", {}).get("grid", {}), db.get("recall", {}).get("grid", {})
+    for arm in sorted(set(ga) & set(gb)):
+        for ctx in sorted(set(ga[arm]) & set(gb[arm])):
+            (ca, na), (cb, nb) = ga[arm][ctx], gb[arm][ctx]
+            va, vb = ca / na if na else None, cb / nb if nb else None
+            out.append({"metric": "recall_accuracy", "arm": arm, "context": ctx, "a": va,
+                        "b": vb, "ratio": (vb / va) if va and vb is not None else None,
+                        "a_text": f"{ca}/{na}", "b_text": f"{cb}/{nb}"})
+    return out
+
+
+def _cells(d: Mapping[str, Any]) -> set[tuple[str, int]]:
+    b = d.get("bench", {})
+    cells = {(arm, int(c)) for arm, per in b.get("decode_points", {}).items() for c in per}
+    cells |= {(arm, int(c)) for arm, per in b.get("ttft_points", {}).items() for c in per}
+    cells |= {(arm, int(c)) for arm, per in d.get("recall", {}).get("grid", {}).items()
+              for c in per}
+    return cells
+
+
+def section_compare(da: Mapping[str, Any], db: Mapping[str, Any], rows: list[dict[str, Any]],
+                    figs: Mapping[str, str]) -> list[str]:
+    ea, eb = da.get("env", {}), db.get("env", {})
+    out = [f"# kvtax comparison: A = {da['run_id']}, B = {db['run_id']}", "",
+           "Same cells (arm, context) in both runs; ratio = B / A (above 1: B larger).", ""]
+    keys = ("device", "torch", "triton", "transformers", "git_commit", "timestamp")
+    out += table(["", "A", "B"],
+                 [["model", ", ".join(da.get("models", [])), ", ".join(db.get("models", []))],
+                  *[[k, ea.get(k, "-"), eb.get(k, "-")] for k in keys],
+                  ["command", da.get("command") or "-", db.get("command") or "-"]])
+    only_a, only_b = _cells(da) - _cells(db), _cells(db) - _cells(da)
+    if only_a or only_b:
+        out += [f"Cells only in A: {len(only_a)}; only in B: {len(only_b)} (not compared).", ""]
+    fa, fb = da.get("bench", {}).get("fits", {}), db.get("bench", {}).get("fits", {})
+    sa, sb = (da.get("bench", {}).get("slope_ratios", {}),
+              db.get("bench", {}).get("slope_ratios", {}))
+    common = sorted(set(fa) & set(fb))
+    if common:
+        out += ["## Decode fits", ""]
+        out += table(
+            ["arm", "t0 A (ms)", "t0 B (ms)", "m A (ms/1k ctx)", "m B (ms/1k ctx)", "m B/A",
+             "slope ratio A", "slope ratio B"],
+            [[arm, num(fa[arm]["t0"]), num(fb[arm]["t0"]), num(fa[arm]["m"] * 1e3),
+              num(fb[arm]["m"] * 1e3),
+              num(fb[arm]["m"] / fa[arm]["m"]) if fa[arm]["m"] else "-",
+              num(sa.get(arm, {}).get("measured")), num(sb.get(arm, {}).get("measured"))]
+             for arm in common])
+    is_bytes = {m: b for m, _, _, b in METRICS}
+    for metric in [m for m, *_ in METRICS] + ["recall_accuracy"]:
+        mine = [r for r in rows if r["metric"] == metric]
+        if not mine:
+            continue
+        fmt = size if is_bytes.get(metric) else num
+        ctxs = sorted({r["context"] for r in mine})
+        cells: dict[str, dict[int, str]] = {}
+        for r in mine:
+            a_txt, b_txt = r.get("a_text") or fmt(r["a"]), r.get("b_text") or fmt(r["b"])
+            text = f"{num(r['ratio'])} ({a_txt} → {b_txt})"
+            cells.setdefault(r["arm"], {})[r["context"]] = text
+        out += [f"## {metric}", "", "Each cell: B / A (A → B).", ""]
+        out += table(["arm", *[str(c) for c in ctxs]],
+                     [[arm, *[per.get(c, "-") for c in ctxs]] for arm, per in cells.items()])
+        if metric in figs:
+            out += [f"![{metric} B/A]({figs[metric]})", ""]
+    if not rows:
+        out += ["The two runs share no measured cell.", ""]
+    return out

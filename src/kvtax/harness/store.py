@@ -1,0 +1,226 @@
+"""Run folders: `runs/<UTC timestamp>-<name>/` holding config.json, env.json, rows.jsonl.
+
+A folder is never overwritten: a name collision gets a numeric suffix. Each row is
+appended, flushed and fsynced before the next cell starts, so a crash or SIGKILL loses at
+most the cell in flight. Reading tolerates a torn last line (the process died mid-write),
+and reopening for append cuts that torn tail off first so the next row starts clean.
+
+    >>> run = RunStore.create("runs", "sweep", config)
+    >>> run.append(row)
+    >>> RunStore.open(run.path).done_cell_ids()
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from kvtax.harness import devinfo
+
+CONFIG = "config.json"
+ENV = "env.json"
+ROWS = "rows.jsonl"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/inf become null: JSON has no spelling for them and readers would choke."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Rows of a rows.jsonl file (or a run folder); a torn or garbled line is skipped."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / ROWS
+    if not p.exists():
+        return []
+    rows = []
+    with open(p, "rb") as f:
+        for raw in f:
+            try:
+                obj = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue  # the torn tail of a killed writer
+            if isinstance(obj, dict):
+                rows.append(obj)
+    return rows
+
+
+def _cut_torn_tail(path: Path) -> int:
+    """Truncate bytes after the last newline; return how many were cut."""
+    if not path.exists():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return 0
+        # Scan backwards for the last complete line.
+        pos, chunk = size, 4096
+        keep = 0
+        while pos > 0:
+            start = max(0, pos - chunk)
+            f.seek(start)
+            buf = f.read(pos - start)
+            idx = buf.rfind(b"\n")
+            if idx >= 0:
+                keep = start + idx + 1
+                break
+            pos = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - keep
+
+
+class RunStore:
+    """One run folder. Create a new one with `create`, reopen one with `open`."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.rows_path = self.path / ROWS
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @classmethod
+    def create(
+        cls, root: str | os.PathLike[str], name: str, config: Mapping[str, Any]
+    ) -> "RunStore":
+        """Make a fresh folder `root/<YYYYmmddTHHMMSSZ>-<name>` (suffix -2, -3… on collision)."""
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "run"
+        base = root / f"{stamp}-{safe}"
+        path, n = base, 1
+        while True:
+            try:
+                path.mkdir()  # atomic: never reuse an existing folder
+                break
+            except FileExistsError:
+                n += 1
+                path = base.with_name(f"{base.name}-{n}")
+        store = cls(path)
+        _write_json(path / CONFIG, dict(config, run_id=store.run_id))
+        store.rows_path.touch()
+        return store
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> "RunStore":
+        """Reopen an existing run folder (for --resume); cuts a torn last line."""
+        store = cls(path)
+        if not (store.path / CONFIG).exists():
+            raise FileNotFoundError(
+                f"{store.path} is not a run folder (no {CONFIG}); pass the folder a "
+                "previous `kvtax bench` printed"
+            )
+        _cut_torn_tail(store.rows_path)
+        return store
+
+    def config(self) -> dict[str, Any]:
+        return json.loads((self.path / CONFIG).read_text())
+
+    def write_env(self, env: Mapping[str, Any]) -> None:
+        """env.json; on resume earlier environments are kept under `previous`."""
+        p = self.path / ENV
+        env = dict(env)
+        if p.exists():
+            old = json.loads(p.read_text())
+            env["previous"] = old.get("previous", []) + [
+                {k: v for k, v in old.items() if k != "previous"}
+            ]
+        _write_json(p, env)
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Append one row and fsync it before returning."""
+        line = json.dumps(_finite(row), sort_keys=True, default=str, allow_nan=False) + "\n"
+        with open(self.rows_path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def rows(self) -> list[dict[str, Any]]:
+        return read_rows(self.rows_path)
+
+    def done_cell_ids(self) -> set[str]:
+        """Cells that have a row (any status): resume skips these."""
+        return {r["cell_id"] for r in self.rows() if "cell_id" in r}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.rows())
+
+
+def git_commit(cwd: str | os.PathLike[str] | None = None) -> str | None:
+    """HEAD of the repository holding kvtax (with `+dirty` if uncommitted), or None."""
+    here = Path(cwd) if cwd else Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here, capture_output=True, text=True, timeout=10,
+        )
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(device: str) -> dict[str, Any]:
+    """What env.json records: device, driver, CUDA, library versions, git commit, host."""
+    import torch
+
+    env: dict[str, Any] = {
+        "device": devinfo.device_name(device),
+        "device_type": str(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "kvtax": _version("kvtax"),
+        "numpy": _version("numpy"),
+        "git_commit": git_commit(),
+        "argv": sys.argv,
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "torch_threads": torch.get_num_threads(),
+    }
+    env.update(devinfo.host_info())
+    env.update(devinfo.gpu_info(device))
+    return env

@@ -1,0 +1,32 @@
+"""Lean decoders (Llama, Mistral, Qwen2/3, Gemma 2/3) and a runner over kvtax caches.
+
+    >>> from kvtax.models import load_model, Runner
+    >>> model = load_model("tiny")                      # or a HF folder / hub id
+    >>> runner = Runner(model, kv="int8")
+    >>> caches = runner.make_caches(capacity=1024)
+    >>> logits = runner.prefill(ids, caches)            # ids [B, T] → [B, vocab]
+    >>> logits = runner.decode_step(next_ids, caches)   # [B, 1] → [B, vocab]
+"""
+
+from kvtax.models.config import CONFIG_NAMES, ModelConfig, get_config
+from kvtax.models.decoder import DecoderModel
+from kvtax.models.loading import CheckpointError, hf_name_map, load_model, random_model
+from kvtax.models.runner import GenerationResult, Runner
+from kvtax.models.sampling import sample
+from kvtax.models.tokenizer import ByteTokenizer, load_tokenizer
+
+__all__ = [
+    "CONFIG_NAMES",
+    "ByteTokenizer",
+    "CheckpointError",
+    "DecoderModel",
+    "GenerationResult",
+    "ModelConfig",
+    "Runner",
+    "get_config",
+    "hf_name_map",
+    "load_model",
+    "load_tokenizer",
+    "random_model",
+    "sample",
+]

@@ -1,0 +1,212 @@
+"""One decoder for Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 2 and Gemma 3, switched by config.
+
+The families differ in a handful of places, each a ModelConfig flag: qkv bias (Qwen2),
+q/k RMSNorm (Qwen3, Gemma 3), (1 + w) RMSNorm, sandwich norms, sqrt(hidden) embedding
+scale and GELU-tanh MLP (Gemma), attention and final-logit soft-capping (Gemma 2),
+sliding-window layers with their own RoPE base (Gemma 3). Attention always goes through
+the layer's kvtax cache: `cache.append(k, v)` then `attention(q, cache.view())`, so the
+quantized cache is read as stored, never dequantized into a copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvtax.attention import attention
+from kvtax.cache import BaseCache
+from kvtax.models.config import ModelConfig
+from kvtax.models.rope import apply_rope, inv_frequencies, rope_cos_sin
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim; `offset` = Gemma's `x̂ · (1 + w)` computed in float32."""
+
+    def __init__(self, dim: int, eps: float, offset: bool) -> None:
+        super().__init__()
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset:  # Gemma multiplies by (1 + w) in float32, then casts
+            d = x.shape[-1:]
+            return F.rms_norm(x.float(), d, 1.0 + self.weight.float(), self.eps).type_as(x)
+        if x.dtype == torch.float32 or x.is_cuda:
+            # One fused kernel on CUDA (decode launches hundreds of norms per token); in
+            # low precision it rounds once where HF rounds before the weight multiply.
+            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention over a kvtax cache; q/k/v fused into one projection."""
+
+    def __init__(self, cfg: ModelConfig, window: int | None) -> None:
+        super().__init__()
+        assert cfg.head_dim is not None
+        self.cfg, self.window = cfg, window
+        hd, hq, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        self.sizes = (hq * hd, hkv * hd, hkv * hd)
+        self.wqkv = nn.Linear(cfg.hidden_size, sum(self.sizes), bias=bool(cfg.qkv_bias))
+        self.wo = nn.Linear(hq * hd, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, bool(cfg.norm_offset))
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, bool(cfg.norm_offset))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: BaseCache,
+        write_pos: torch.Tensor | None,
+        length_t: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """x `[B, T, hidden]` → `[B, T, hidden]`; writes this chunk's K/V into `cache`."""
+        b, t, _ = x.shape
+        cfg = self.cfg
+        hd, hq, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        qkv = self.wqkv(x)
+        if cfg.qk_norm:
+            q, k, v = qkv.split(self.sizes, dim=-1)
+            q, k = self.q_norm(q.view(b, t, hq, hd)), self.k_norm(k.view(b, t, hkv, hd))
+            qk = torch.cat([q, k], dim=2)
+        else:
+            qk, v = qkv.split([self.sizes[0] + self.sizes[1], self.sizes[2]], dim=-1)
+            qk = qk.view(b, t, hq + hkv, hd)
+        # Rotate q and k in one pass (fewer launches per decode step).
+        q, k = apply_rope(qk, cos[:, None], sin[:, None]).split([hq, hkv], dim=2)
+        v = v.view(b, t, hkv, hd)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
+        if write_pos is None:
+            cache.append(k, v)
+            view = cache.view()
+        else:
+            # CUDA-graph decode: the slot and the length come from device tensors, so one
+            # captured graph serves every step; the host length is advanced by the runner.
+            cache.write_at(k, v, write_pos)
+            view = dataclasses.replace(cache.view(), length=cache.length + t, length_t=length_t)
+        out = attention(q, view, scale=cfg.scale, softcap=cfg.attn_softcap)  # [B, Hq, T, D]
+        return self.wo(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """Gated MLP: down(act(gate(x)) · up(x)); gate and up fused into one projection."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gelu = cfg.hidden_act == "gelu_tanh"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.w2(act * up)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block; Gemma adds post-norms on both branches (sandwich)."""
+
+    def __init__(self, cfg: ModelConfig, window: int | None) -> None:
+        super().__init__()
+        eps, off = cfg.rms_norm_eps, bool(cfg.norm_offset)
+        self.attn = Attention(cfg, window)
+        self.mlp = MLP(cfg)
+        self.attn_norm = RMSNorm(cfg.hidden_size, eps, off)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, eps, off)
+        self.sandwich = bool(cfg.sandwich_norm)
+        if self.sandwich:
+            self.post_attn_norm = RMSNorm(cfg.hidden_size, eps, off)
+            self.post_ffn_norm = RMSNorm(cfg.hidden_size, eps, off)
+
+    def forward(self, x, cos, sin, cache, write_pos, length_t):  # noqa: ANN001, ANN201
+        h = self.attn(self.attn_norm(x), cos, sin, cache, write_pos, length_t)
+        x = x + (self.post_attn_norm(h) if self.sandwich else h)
+        h = self.mlp(self.ffn_norm(x))
+        return x + (self.post_ffn_norm(h) if self.sandwich else h)
+
+
+class DecoderModel(nn.Module):
+    """A decoder-only LM. `.config` is its ModelConfig.
+
+    Example:
+        model = DecoderModel(get_config("tiny"))
+        caches = make_caches(model.config.layer_windows(), "int8")
+        logits = model(ids, caches, positions=torch.arange(ids.shape[1]))   # [B, 1, vocab]
+    """
+
+    source: str | None = None  # the folder the weights came from (the tokenizer looks there)
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        assert cfg.head_dim is not None
+        self.config = cfg
+        windows = cfg.layer_windows()
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, w) for w in windows)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, bool(cfg.norm_offset))
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # Sliding layers use the local RoPE base where the family has one (Gemma 3).
+        self.local_rope = [w is not None and cfg.rope_local_theta is not None for w in windows]
+        self.register_buffer("inv_freq", torch.empty(cfg.head_dim // 2), persistent=False)
+        self.register_buffer("inv_freq_local", torch.empty(cfg.head_dim // 2), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """(Re)compute the float32 RoPE frequencies (after `to_empty`, or a cast to bf16)."""
+        cfg = self.config
+        assert cfg.head_dim is not None
+        dev = self.embed.weight.device
+        if dev.type == "meta":
+            return
+        self.inv_freq = inv_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(dev)
+        local_theta = cfg.rope_local_theta or cfg.rope_theta
+        self.inv_freq_local = inv_frequencies(cfg.head_dim, local_theta).to(dev)
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        caches: list[BaseCache],
+        positions: torch.Tensor,
+        *,
+        write_pos: torch.Tensor | None = None,
+        length_t: torch.Tensor | None = None,
+        last_only: bool = True,
+    ) -> torch.Tensor:
+        """Run `tokens` `[B, T]` at `positions` `[T]` (int64, on the model's device).
+
+        Returns logits `[B, 1, vocab]` of the last position (`last_only`) or `[B, T, vocab]`,
+        in the model dtype. `write_pos`/`length_t` (device tensors) select the graph-safe
+        cache write used by CUDA-graph decode.
+        """
+        cfg = self.config
+        if len(caches) != cfg.num_layers:
+            raise ValueError(f"{len(caches)} caches for {cfg.num_layers} layers")
+        x = self.embed(tokens)
+        if cfg.embed_scale:
+            x = x * torch.tensor(math.sqrt(cfg.hidden_size), dtype=x.dtype)
+        rope = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        rope_local = rope_cos_sin(positions, self.inv_freq_local, x.dtype) if any(
+            self.local_rope
+        ) else rope
+        for layer, cache, local in zip(self.layers, caches, self.local_rope):
+            cos, sin = rope_local if local else rope
+            x = layer(x, cos, sin, cache, write_pos, length_t)
+        if last_only:
+            x = x[:, -1:]
+        logits = F.linear(self.norm(x), self.head_weight)
+        if cfg.final_softcap:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return logits

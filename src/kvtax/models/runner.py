@@ -1,0 +1,369 @@
+"""Chunked prefill and (CUDA-graph) decode over per-layer kvtax caches; `generate` on top.
+
+At batch 1 a decode step is a few dozen small kernels per layer; launched from Python they
+cost more than the bytes they read. On CUDA the runner captures one decode step in a CUDA
+graph (static token/position/length buffers; the cache preallocated to prompt + budget so
+storage never moves) and replays it per token. The graph needs the attention kernel to
+read the cache length from the device (`view.length_t`, handed to the Triton kernels as
+`lengths`); where it cannot (the torch reference on CPU or without Triton, a layer the
+kernels do not serve), decode runs eagerly and `runner.graph_disabled_reason` says why
+(printed once).
+
+    >>> runner = Runner(load_model("tiny"), kv="int8")
+    >>> result = runner.generate(torch.tensor([[1, 2, 3]]), 32)
+    >>> result.tokens, result.decode_ms_per_token
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import resource
+import sys
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvtax.cache import BaseCache, FullCache, make_caches
+from kvtax.errors import CapacityError
+from kvtax.formats import KVSpec
+from kvtax.models.decoder import DecoderModel
+from kvtax.models.sampling import sample
+
+
+@dataclass
+class GenerationResult:
+    """What one `generate` call produced and how fast.
+
+    tokens: generated ids (prompt excluded). ttft_s: prefill + first token. Rates are per
+    second over the prefill and the decode steps after the first token (the one-time
+    CUDA-graph capture, `graph_capture_s`, excluded). peak_bytes: CUDA peak allocated
+    (CPU: process peak RSS). cache_bytes: allocated KV cache bytes.
+    """
+
+    tokens: list[int]
+    ttft_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    decode_ms_per_token: float
+    peak_bytes: int
+    cache_bytes: int
+    prompt_tokens: int = 0
+    cache_used_bytes: int = 0
+    cuda_graph: bool = False
+    stopped_on_eos: bool = False
+    graph_capture_s: float = 0.0
+
+
+class Runner:
+    """Runs a DecoderModel over kvtax caches of one KV format.
+
+    kv:         format of global layers ("fp16", "int8", "int4", "k8v4", ...).
+    sliding_kv: format of sliding-window layers (default: `kv`), e.g. "fp16".
+    chunk_size: prefill chunk in tokens (bounds activation memory at long prompts).
+    cuda_graph: None → on for CUDA models; False forces eager decode.
+    overrides:  layer index → format (e.g. keep layer 0 in fp16).
+    """
+
+    def __init__(
+        self,
+        model: DecoderModel,
+        kv: str | KVSpec = "int8",
+        *,
+        sliding_kv: str | KVSpec | None = None,
+        chunk_size: int = 2048,
+        cuda_graph: bool | None = None,
+        overrides: dict[int, str | KVSpec] | None = None,
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.model = model
+        self.spec = KVSpec.parse(kv)
+        self.sliding_spec = KVSpec.parse(sliding_kv) if sliding_kv else None
+        self.overrides = overrides
+        self.chunk_size = chunk_size
+        self.device = model.embed.weight.device
+        is_cuda = self.device.type == "cuda"
+        if cuda_graph and not is_cuda:
+            raise ValueError("cuda_graph=True needs a model on a CUDA device")
+        self.cuda_graph = is_cuda if cuda_graph is None else cuda_graph
+        self.graph_disabled_reason: str | None = None
+        self._graph: _DecodeGraph | None = None
+        self._blocked: tuple | None = None
+
+    def make_caches(self, capacity: int | None = None) -> list[BaseCache]:
+        """One cache per layer; `capacity` (prompt + new tokens) preallocates global layers.
+
+        Sliding layers get a fixed ring of window - 1 + chunk slots, so with `capacity`
+        set no storage ever moves (what CUDA-graph decode needs).
+        """
+        chunk = self.chunk_size if capacity is None else min(self.chunk_size, capacity)
+        return make_caches(
+            self.model.config.layer_windows(), self.spec, sliding_spec=self.sliding_spec,
+            overrides=self.overrides, capacity=capacity, max_chunk=chunk,
+            # A finiteness check reads the GPU back each append; keep it to CPU runs.
+            check_finite=self.device.type == "cpu",
+        )
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, caches: Sequence[BaseCache]) -> torch.Tensor:
+        """Feed `input_ids` `[B, T]` in chunks of `chunk_size`; logits `[B, vocab]` (float32)
+        of the last position. Appends after whatever the caches already hold."""
+        ids = self._ids(input_ids)
+        start = caches[0].length
+        logits = None
+        for s in range(0, ids.shape[1], self.chunk_size):
+            chunk = ids[:, s : s + self.chunk_size]
+            pos = torch.arange(start + s, start + s + chunk.shape[1], device=self.device)
+            logits = self.model(chunk, list(caches), pos)
+        assert logits is not None
+        return logits[:, -1].float()
+
+    @torch.no_grad()
+    def decode_step(self, token_ids: torch.Tensor, caches: Sequence[BaseCache]) -> torch.Tensor:
+        """One token per row, `token_ids` `[B, 1]` → logits `[B, vocab]` (float32).
+
+        Replays a CUDA graph when enabled and safe, else runs eagerly.
+        """
+        tok = self._ids(token_ids)
+        if tok.shape[1] != 1:
+            raise ValueError(f"decode_step takes [B, 1] token ids, got {tuple(tok.shape)}")
+        if self.cuda_graph and self._graph_ok(caches):
+            return self._replay(tok, caches)
+        n = caches[0].length
+        pos = torch.arange(n, n + 1, device=self.device)
+        return self.model(tok, list(caches), pos)[:, -1].float()
+
+    def release_graph(self) -> None:
+        """Drop the captured decode graph (and its memory pool) before building new caches."""
+        self._graph = None
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        ignore_eos: bool = False,
+        eos_token_id: int | Sequence[int] | None = None,
+        on_token: Callable[[int], None] | None = None,
+        seed: int = 0,
+    ) -> GenerationResult:
+        """Prefill a batch-1 prompt `[1, T]` then decode up to `max_new_tokens` tokens.
+
+        Stops at an EOS id (default: the config's) unless `ignore_eos`. `on_token` is
+        called with each new id as it is produced (streaming). Without `on_token` and with
+        `ignore_eos` the loop never waits for the GPU until the end (benchmarking).
+        """
+        ids = self._ids(torch.as_tensor(input_ids))
+        if ids.shape[0] != 1:
+            raise ValueError("generate runs one prompt (batch 1); use prefill/decode_step for more")
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        eos = _eos_set(eos_token_id, self.model.config.eos_token_id)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.release_graph()
+        caches = self.make_caches(capacity=ids.shape[1] + max_new_tokens)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        stream = on_token is not None or not ignore_eos
+
+        t0 = _now(self.device)
+        logits = self.prefill(ids, caches)
+        tok = sample(logits, temperature=temperature, top_p=top_p, generator=gen)
+        first = int(tok.item())
+        t1 = _now(self.device)
+        out: list = [first]
+        if on_token:
+            on_token(first)
+        stopped = not ignore_eos and first in eos
+        t_capture = t1
+        if self.cuda_graph and not stopped and max_new_tokens > 1:
+            self._graph_ok(caches)  # capture now: a one-time cost, kept out of decode rates
+            t_capture = _now(self.device)
+        while not stopped and len(out) < max_new_tokens:
+            logits = self.decode_step(tok, caches)
+            tok = sample(logits, temperature=temperature, top_p=top_p, generator=gen)
+            if stream:
+                t = int(tok.item())
+                out.append(t)
+                if on_token:
+                    on_token(t)
+                stopped = not ignore_eos and t in eos
+            else:
+                out.append(tok)
+        t2 = _now(self.device)
+        tokens = [first] + (torch.cat(out[1:]).view(-1).tolist() if not stream and len(out) > 1
+                            else out[1:])
+        n_dec, t_dec = len(tokens) - 1, t2 - t_capture
+        return GenerationResult(
+            tokens=tokens,
+            ttft_s=t1 - t0,
+            prefill_tokens_per_s=ids.shape[1] / max(t1 - t0, 1e-9),
+            decode_tokens_per_s=n_dec / t_dec if n_dec else 0.0,
+            decode_ms_per_token=1000 * t_dec / n_dec if n_dec else 0.0,
+            peak_bytes=_peak_bytes(self.device),
+            cache_bytes=sum(c.nbytes for c in caches),
+            prompt_tokens=ids.shape[1],
+            cache_used_bytes=sum(c.used_nbytes for c in caches),
+            cuda_graph=self._graph is not None,
+            stopped_on_eos=stopped,
+            graph_capture_s=t_capture - t1,
+        )
+
+    # -- CUDA graph ---------------------------------------------------------------------
+
+    def _graph_ok(self, caches: Sequence[BaseCache]) -> bool:
+        g = self._graph
+        if g is not None and g.serves(caches):
+            return True
+        if self._blocked is not None and self._blocked[0] == id(caches) and (
+            self._blocked[1]() is caches[0]
+        ):
+            return False  # already found unsafe for this cache set: stay eager, stay quiet
+        reason = _graph_blocker(self.model, caches)
+        if reason is not None:
+            if reason != self.graph_disabled_reason:
+                print(f"kvtax: CUDA-graph decode off, running eagerly: {reason}", file=sys.stderr)
+            self.graph_disabled_reason = reason
+            self._blocked = (id(caches), weakref.ref(caches[0]))
+            return False
+        self._graph = _DecodeGraph.capture(self.model, caches)
+        self.graph_disabled_reason = None
+        return True
+
+    def _replay(self, tok: torch.Tensor, caches: Sequence[BaseCache]) -> torch.Tensor:
+        g = self._graph
+        assert g is not None
+        n = caches[0].length
+        for c in caches:
+            # An index past capacity inside the graph would be a device-side assert.
+            if isinstance(c, FullCache) and n + 1 > c.capacity:
+                raise CapacityError(
+                    f"cache full ({c.capacity} tokens); make caches with capacity >= prompt + "
+                    "max new tokens"
+                )
+        return g.step(tok, n, caches)
+
+    def _ids(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids if ids.dim() == 2 else ids.view(1, -1)
+        if ids.shape[1] == 0:
+            raise ValueError("no tokens to run")
+        return ids.to(device=self.device, dtype=torch.long)
+
+
+class _DecodeGraph:
+    """One captured decode step for one cache set: static tokens/pos/length → logits."""
+
+    def __init__(self) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        self.key: tuple = ()
+        self.list_id = 0
+        self.first: weakref.ref | None = None
+
+    @classmethod
+    def capture(cls, model: DecoderModel, caches: Sequence[BaseCache]) -> "_DecodeGraph":
+        self = cls()
+        dev = model.embed.weight.device
+        batch = caches[0].store.batch  # type: ignore[union-attr]
+        n = caches[0].length
+        self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=dev)
+        self.pos = torch.full((1,), n, dtype=torch.long, device=dev)
+        self.length = torch.full((batch,), n + 1, dtype=torch.int32, device=dev)
+        layers = list(caches)
+
+        def step() -> torch.Tensor:
+            out = model(self.tokens, layers, self.pos, write_pos=self.pos, length_t=self.length)
+            return out[:, -1].float()
+
+        # Warm-up on a side stream compiles kernels and sizes workspaces outside capture.
+        # It writes slot `n`, which the first real replay overwrites; for a ring that
+        # slot's previous token is already outside every future query's window.
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        with torch.cuda.graph(self.graph):
+            self.logits = step()
+        self.key = _cache_key(caches)
+        self.list_id, self.first = id(caches), weakref.ref(caches[0])
+        return self
+
+    def serves(self, caches: Sequence[BaseCache]) -> bool:
+        if self.first is not None and id(caches) == self.list_id and self.first() is caches[0]:
+            return True
+        return _cache_key(caches) == self.key
+
+    def step(self, tok: torch.Tensor, n: int, caches: Sequence[BaseCache]) -> torch.Tensor:
+        self.tokens.copy_(tok)
+        self.pos.fill_(n)
+        self.length.fill_(n + 1)
+        self.graph.replay()
+        for c in caches:
+            c.advance(1)
+        return self.logits.clone()
+
+
+def _cache_key(caches: Sequence[BaseCache]) -> tuple:
+    """Everything a captured graph baked in: storage addresses, ring geometry, formats."""
+    key = []
+    for c in caches:
+        s = c.store
+        if s is None:
+            return ()
+        ptrs = tuple(t.data_ptr() for t in s.k.parts() + s.v.parts())
+        key.append((type(c), c.spec, s.capacity, getattr(c, "ring", 0), getattr(c, "sinks", 0),
+                    s.batch, ptrs))
+    return tuple(key)
+
+
+def _graph_blocker(model: DecoderModel, caches: Sequence[BaseCache]) -> str | None:
+    """None when a decode step over `caches` can be captured safely, else why not."""
+    if any(c.store is None for c in caches):
+        return "the caches are empty (prefill first)"
+    if any(c.store.growable for c in caches):  # type: ignore[union-attr]
+        return ("a cache may grow (storage would move under the graph); make caches with "
+                "capacity = prompt + max new tokens")
+    try:
+        from kvtax.attention import triton_api
+    except ImportError as exc:
+        return f"the Triton kernels are unavailable ({exc}); the reference is not graph-safe"
+    if "lengths" not in inspect.signature(triton_api.triton_attention).parameters:
+        return "the Triton attention kernels take no device lengths"
+    for c in caches:
+        view = c.view()
+        lens = torch.zeros(view.batch, dtype=torch.int32, device=view.device)
+        view = dataclasses.replace(view, length_t=lens)
+        q = torch.empty(view.batch, model.config.num_heads, 1, view.head_dim, dtype=view.dtype,
+                        device=view.device)
+        reason = triton_api.unsupported_reason(q, view)
+        if reason is not None:
+            return f"the kernels cannot serve a layer ({reason})"
+    return None
+
+
+def _eos_set(given: int | Sequence[int] | None, default: Sequence[int]) -> set[int]:
+    if given is None:
+        return set(default)
+    return {given} if isinstance(given, int) else set(given)
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # ru_maxrss is KiB on Linux: the CPU run's process peak, weights included.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -1,0 +1,112 @@
+"""Capacity arithmetic (seed 001's 13.37 GiB reservation) and claim verdicts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvtax.harness import capacity as cap
+from kvtax.harness.claims import evaluate
+from kvtax.models import get_config
+
+
+def test_parse_size_units():
+    assert cap.parse_size("13.37GiB") == int(13.37 * 2**30)
+    assert cap.parse_size("16GB") == 16 * 10**9
+    assert cap.parse_size("512 MiB") == 512 * 2**20
+    assert cap.parse_size("1e9") == 10**9
+    with pytest.raises(ValueError):
+        cap.parse_size("lots")
+
+
+def test_llama31_8b_capacity_at_seed001_reservation():
+    """fp16 Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 131,072 B/token.
+    vLLM reported 109,504 tokens at 13.37 GiB (block-rounded); the bytes give 109,527."""
+    cfg = get_config("llama-3.1-8b")
+    budget = cap.parse_size("13.37GiB")
+    fp16 = cap.kv_layout(cfg, "fp16")
+    assert fp16.per_token == 131072
+    assert cap.tokens_fitting(budget, fp16) == budget // 131072 == 109527
+    fp8 = cap.tokens_fitting(budget, cap.kv_layout(cfg, "fp8"))
+    # fp8 stores one bf16 scale per token and head: 130 B instead of 128 per K row.
+    assert fp8 == budget // (32 * 8 * 2 * (128 + 2))
+    assert 1.9 < fp8 / 109527 < 2.0
+    int4 = cap.tokens_fitting(budget, cap.kv_layout(cfg, "int4"))
+    assert int4 == budget // (32 * 8 * 2 * (64 + 2 * 2 * 2))  # codes + bf16 scale/bias x 2 groups
+
+
+def test_sliding_layers_capped_at_window():
+    cfg = get_config("gemma-3-4b")
+    lay = cap.kv_layout(cfg, "fp16")
+    windows = cfg.layer_windows()
+    n_full = sum(w is None for w in windows)
+    per_layer = 4 * 256 * 2 * 2
+    assert lay.full == n_full * per_layer
+    assert len(lay.sliding) == len(windows) - n_full
+    ctx = 100_000
+    assert lay.bytes_at(ctx) == n_full * per_layer * ctx + len(lay.sliding) * per_layer * 1024
+    fit = cap.tokens_fitting(lay.bytes_at(ctx), lay)
+    assert fit == ctx
+    assert cap.tokens_fitting(lay.bytes_at(ctx) - 1, lay) == ctx - 1
+
+
+def test_longest_context_subtracts_weights_and_overhead():
+    lay = cap.KVLayout(full=1000)
+    assert cap.longest_context(10_000_000, 4_000_000, lay, overhead_bytes=1_000_000) == 5000
+    assert cap.longest_context(1_000, 4_000_000, lay) == 0
+    assert cap.tokens_fitting(10**6, cap.KVLayout(0, ((512, 10),))) == cap.UNBOUNDED
+
+
+def _analysis(**kw):
+    base = {
+        "baseline": "fp16/fused",
+        "slope_ratios": {"int8/fused": {"measured": 1.92, "predicted": 1.88}},
+        "fits": {"int8/fused": {"r2": 0.995}},
+        "peaks": {
+            "prefill": {"fp16/fused": {1024: 100, 2048: 200}, "int4/fused": {1024: 90, 2048: 260}},
+            "decode": {"fp16/fused": {1024: 100}, "int4/fused": {1024: 60}},
+        },
+        "prefill_penalty": {"int4/fused": {2048: {"ratio": 2.2}}},
+        "break_even": {"int4/fused": {1024: "never", 2048: 4166}},
+        "decode_points": {},
+    }
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize(
+    "claim, verdict",
+    [
+        ({"metric": "slope_ratio", "arm": "int8", "range": [1.8, 2.1]}, "held"),
+        ({"metric": "slope_ratio", "arm": "int8", "range": [1.95, 2.1]}, "failed"),
+        ({"metric": "slope_ratio", "arm": "int4", "range": [3.5, 4.5]}, "not measurable"),
+        ({"metric": "r2", "arm": "int8/fused", "min": 0.98}, "held"),
+        ({"metric": "prefill_peak_le_fp16", "arm": "int4"}, "failed"),
+        ({"metric": "decode_peak_le_fp16", "arm": "int4"}, "held"),
+        ({"metric": "decode_peak_le_fp16", "arm": "int8"}, "not measurable"),
+        ({"metric": "prefill_penalty", "arm": "int4", "context": 2048, "range": [1.5, 2.5]},
+         "held"),
+        ({"metric": "break_even", "arm": "int4", "context": 2048, "range": [0, 5000]}, "held"),
+        ({"metric": "break_even", "arm": "int4", "context": 1024, "range": [0, 5000]}, "failed"),
+        ({"metric": "no_such_metric", "arm": "int4"}, "not measurable"),
+    ],
+)
+def test_claim_verdicts(claim, verdict):
+    out = evaluate(claim, _analysis())
+    assert out["verdict"] == verdict, out
+    assert out["claim"] and out["why"]
+
+
+def test_failed_peak_claim_names_the_context():
+    out = evaluate({"metric": "prefill_peak_le_fp16", "arm": "int4"}, _analysis())
+    assert "2048" in out["why"]
+    assert out["numbers"][2048] == {"arm": 260, "fp16": 200}
+
+
+def test_model_bytes_per_token_matches_capacity_layout():
+    from kvtax.formats import KVSpec
+    from kvtax.harness.cells import model_bytes_per_token
+
+    cfg = get_config("llama-3.1-8b")
+    spec = KVSpec.parse("int8")
+    assert model_bytes_per_token(cfg, spec, torch.bfloat16) == cap.kv_layout(cfg, spec).per_token

@@ -1,0 +1,49 @@
+"""`kvtax capacity` and `kvtax roofline` on CPU, in-process."""
+
+from __future__ import annotations
+
+import json
+
+from kvtax.cli import main
+from kvtax.harness.schema import validate_row
+from kvtax.harness.store import read_rows
+
+
+def test_capacity_prints_tokens_per_format(capsys):
+    assert main(["capacity", "--model", "llama-3.1-8b", "--reserve", "13.37GiB",
+                 "--kv", "fp16,fp8", "--device-memory", "141GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "109,527" in out  # fp16: 13.37 GiB / 131,072 B per token
+    assert "215,684" in out  # fp8: 66,560 B per token (scales included)
+    assert "1.97x" in out and "longest context" in out
+
+
+def test_capacity_needs_a_budget(capsys):
+    assert main(["capacity", "--model", "tiny"]) == 2
+    assert "--reserve" in capsys.readouterr().err
+
+
+def test_roofline_writes_roofline_rows(tmp_path, capsys):
+    assert main(["roofline", "--device", "cpu", "--model", "tiny", "--contexts", "128,256",
+                 "--kv", "fp16,int4", "--iters", "2", "--stream-bytes", "8MiB",
+                 "--out", str(tmp_path)]) == 0
+    (run,) = list(tmp_path.iterdir())
+    rows = read_rows(run)
+    for r in rows:
+        validate_row(r)
+    ops = [r["op"] for r in rows]
+    assert ops[:3] == ["stream", "stream", "matmul"]
+    att = [r for r in rows if r["op"] == "attention"]
+    # fp16: fused + fp16 (SDPA); int4: fused + unfused + dequant; at two contexts.
+    assert len(att) == 2 * 5
+    assert {r["arm"] for r in att} == {"fp16/fused", "fp16/fp16", "int4/fused", "int4/unfused",
+                                       "int4/dequant"}
+    for r in att:
+        assert r["status"] == "ok" and r["time_s"] > 0
+        assert 0 < r["bandwidth_fraction"] and r["compute_headroom"] > 0
+        assert r["bytes_moved"] > 0 and r["flops"] == 4 * 4 * r["context"] * 64
+    int4 = {r["context"]: r["bytes_moved"] for r in att if r["arm"] == "int4/fused"}
+    fp16 = {r["context"]: r["bytes_moved"] for r in att if r["arm"] == "fp16/fused"}
+    assert int4[256] < fp16[256] / 2
+    assert json.loads((run / "config.json").read_text())["kind"] == "roofline"
+    assert "GB/s" in capsys.readouterr().out

@@ -1,0 +1,63 @@
+"""`kvtax generate` and `benchmarks/decode.py` run end to end on CPU with built-in configs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from kvtax.cli import main
+from tests.models_env import one_thread  # noqa: F401  (autouse)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_generate_cli_streams_text_and_reports_costs(capsys) -> None:
+    code = main(["generate", "tiny-gemma3", "--prompt", "héllo wörld", "--kv", "int4",
+                 "--sliding-kv", "fp16", "--max-tokens", "6", "--chunk-size", "4",
+                 "--ignore-eos", "--temperature", "0.7", "--top-p", "0.9"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("héllo wörld")
+    for needle in ("generated 6", "kv int4", "TTFT", "prefill", "decode", "tok/s",
+                   "peak memory", "KV cache (resident)"):
+        assert needle in out, needle
+
+
+def test_generate_cli_reads_a_prompt_file(tmp_path, capsys) -> None:
+    (tmp_path / "p.txt").write_text("from a file")
+    assert main(["generate", "--prompt-file", str(tmp_path / "p.txt"), "--kv", "k8v4",
+                 "--max-tokens", "3", "--no-cuda-graph"]) == 0
+    assert capsys.readouterr().out.startswith("from a file")
+
+
+def test_decode_benchmark_smoke(tmp_path, capsys) -> None:
+    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(bench)
+    out = tmp_path / "run" / "decode.json"
+    assert bench.main(["--device", "cpu", "--config", "tiny", "--contexts", "64,128",
+                       "--tokens", "3", "--warmup", "1", "--bw-mib", "32", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert [(r["context"], r["kv"]) for r in rows] == [
+        (c, kv) for c in (64, 128) for kv in ("fp16", "int8", "int4")]
+    for r in rows:
+        assert "error" not in r, r
+        assert r["steps"] == 3 and r["ms_median"] > 0 and r["roofline_ms"] > 0
+    fp16, int4 = rows[3], rows[5]  # context 128
+    assert int4["kv_bytes"] < fp16["kv_bytes"] / 3  # 4-bit codes plus group scales
+    assert data["meta"]["read_bw_Bps"] > 0
+    assert "| 128 | int4 |" in capsys.readouterr().out
+
+
+def test_decode_benchmark_parses_contexts() -> None:
+    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    assert bench.parse_contexts("4k, 128k,100") == [4096, 131072, 100]
+    with pytest.raises(ValueError):
+        bench.parse_contexts("lots")
