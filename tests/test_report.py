@@ -146,8 +146,9 @@ def test_report_sections_numbers_and_figures(run_a):
     # Cost: $3.60/h is $1 per million tokens per ms/token.
     cost = _table_row(md, "fp16/fused", "## Cost per million")
     assert abs(float(cost[1].strip("$")) - (20 + 1.024)) < 0.2
-    assert "| 4/4 |" in md.replace("| fp16/fused | 4/4 |", "| 4/4 |")
-    assert "3/4" in _table_row(md, "int4/fused", "## Recall")
+    assert _table_row(md, "fp16/fused", "## Recall")[1:] == ["4/4"]
+    assert _table_row(md, "int4/fused", "## Recall")[1:] == ["3/4"]
+    assert _table_row(md, "int4/fused", "By fact")[1:] == ["1/1", "1/1", "1/1", "0/1"]
     assert "'4,183'" in md, "wrong answers are listed for spot-checking"
     assert "oom" in _table_row(md, "bench", "## Cells that did not complete")
     assert "CUDA out of memory" in md

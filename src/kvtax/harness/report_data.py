@@ -54,28 +54,30 @@ def medians(rows: list[Mapping[str, Any]], metric: str) -> dict[str, dict[int, f
 
 
 def recall_tables(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """Recall accuracy: arm -> context -> [correct, asked], and arm -> depth -> [c, n]."""
-    grid: dict[str, dict[int, list[int]]] = defaultdict(dict)
-    by_depth: dict[str, dict[float, list[int]]] = defaultdict(dict)
+    """Recall accuracy: arm -> context -> [correct, asked]; arm -> fact -> [c, n] (a fact
+    sits at the same planned depth at every context) with each fact's mean measured depth;
+    the wrong answers. Arms in run order (the unquantized baseline runs first)."""
+    grid: dict[str, dict[int, list[int]]] = {}
+    by_fact: dict[str, dict[int, list[int]]] = {}
+    depth_sum: dict[int, list[float]] = defaultdict(list)
     wrong: list[dict[str, Any]] = []
     for r in rows:
         if r.get("kind") != "recall" or r.get("status") != "ok" or r.get("warmup"):
             continue
         arm, ctx, ok = str(r["arm"]), int(r["context"]), bool(r.get("correct"))
-        cell = grid[arm].setdefault(ctx, [0, 0])
-        cell[0] += ok
-        cell[1] += 1
-        d = round(float(r.get("depth", 0.0)), 2)
-        dcell = by_depth[arm].setdefault(d, [0, 0])
-        dcell[0] += ok
-        dcell[1] += 1
+        fact = int(r.get("fact_index", 0))
+        for table, key in ((grid, ctx), (by_fact, fact)):
+            cell = table.setdefault(arm, {}).setdefault(key, [0, 0])
+            cell[0] += ok
+            cell[1] += 1
+        depth_sum[fact].append(float(r.get("depth", 0.0)))
         if not ok:
             wrong.append({k: r.get(k) for k in ("arm", "context", "fact_index", "depth",
                                                  "expected", "answer")})
-    order = sorted(grid, key=lambda a: (a.split("/")[0] not in ("fp16", "bf16", "fp32"), a))
     return {
-        "grid": {a: dict(sorted(grid[a].items())) for a in order},
-        "by_depth": {a: dict(sorted(by_depth[a].items())) for a in order},
+        "grid": {a: dict(sorted(per.items())) for a, per in grid.items()},
+        "by_fact": {a: dict(sorted(per.items())) for a, per in by_fact.items()},
+        "fact_depths": {f: sum(d) / len(d) for f, d in sorted(depth_sum.items())},
         "wrong": wrong,
     }
 

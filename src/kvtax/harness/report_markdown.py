@@ -235,13 +235,14 @@ def section_recall(r: Mapping[str, Any], figs: Mapping[str, str],
     rows = [[arm, *[f"{per[c][0]}/{per[c][1]}" if c in per else "-" for c in ctxs]]
             for arm, per in grid.items()]
     out += table(["arm", *[str(c) for c in ctxs]], rows)
-    by_depth = r.get("by_depth", {})
-    depths = sorted({float(d) for per in by_depth.values() for d in per})
-    if depths:
-        out += ["By depth of the fact in the document (0 = first, 1 = last), all contexts:", ""]
-        rows = [[arm, *[f"{per[d][0]}/{per[d][1]}" if d in per else "-" for d in depths]]
-                for arm, per in by_depth.items()]
-        out += table(["arm", *[f"{d:.2f}" for d in depths]], rows)
+    by_fact, fact_depths = r.get("by_fact", {}), r.get("fact_depths", {})
+    facts = sorted({int(f) for per in by_fact.values() for f in per})
+    if facts:
+        out += ["By fact, all contexts; the header is the fact's depth in the document "
+                "(0 = first, 1 = last; mean over contexts):", ""]
+        rows = [[arm, *[f"{per[f][0]}/{per[f][1]}" if f in per else "-" for f in facts]]
+                for arm, per in by_fact.items()]
+        out += table(["arm", *[f"{float(fact_depths.get(f, 0.0)):.2f}" for f in facts]], rows)
     wrong = r.get("wrong", [])
     if wrong:
         out += ["Wrong answers (first 20; spot-check failures, not passes — seed 004):", ""]
