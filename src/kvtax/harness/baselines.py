@@ -149,20 +149,8 @@ def attention_sdpa(
     return out.to(q.dtype)
 
 
-def attention_fused(
-    q: torch.Tensor,
-    view: CacheView,
-    *,
-    scale: float | None = None,
-    softcap: float | None = None,
-    causal: bool = True,
-) -> torch.Tensor:
-    """kvtax's own attention (Triton kernels on CUDA, blockwise reference on CPU)."""
-    return attention(q, view, scale=scale, softcap=softcap, causal=causal)
-
-
 ATTENTION_PATHS: dict[str, AttentionFn] = {
-    "fused": attention_fused,
+    "fused": attention,  # kvtax's own: Triton kernels on CUDA, blockwise reference on CPU
     "fp16": attention_sdpa,
     "unfused": attention_unfused,
     "dequant": attention_dequant,

@@ -230,7 +230,7 @@ def model_cell(
             return runner.make_caches(capacity=cap)
         return make_caches(cfg.layer_windows(), spec_name, capacity=cap)
 
-    with use_attention(attention_for(path)), torch.inference_mode():
+    with use_attention(model, attention_for(path)), torch.inference_mode():
         if cell.get("extra", {}).get("inner_warmup", True):
             w = min(ctx, int(cell["chunk_size"]), WARMUP_TOKENS)
             warm = make(kv, w + 2 if cell.get("presize") else None)

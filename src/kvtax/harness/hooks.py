@@ -1,45 +1,37 @@
-"""Swap the attention function the decoder calls, for the length of a `with` block.
+"""Swap the attention function a decoder's layers call, for the length of a `with` block.
 
-The decoder calls `kvtax.attention.attention(q, cache.view(), scale=, softcap=)`; the
-baselines (`kvtax.harness.baselines`) have the same signature. Patching the decoder
-module's reference — undone on exit, never at import — lets one model run any path
-without the models package knowing about the harness. Each cell runs in its own process,
-so the patch never leaks into another measurement.
+Each decoder layer calls `self.attn_fn(q, cache.view(), scale=, softcap=)` (kvtax's
+`attention` by default); the baselines (`kvtax.harness.baselines`) have the same
+signature. Setting it per model — undone on exit — lets one model run any path without
+the models package knowing about the harness.
 
-    >>> with use_attention(attention_unfused):
+    >>> with use_attention(model, attention_unfused):
     ...     runner.decode_step(tok, caches)
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable, Iterator
 
-# Modules that bind `attention` at import and call it per layer.
-TARGETS = ("kvtax.models.decoder",)
+import torch
 
 
 @contextlib.contextmanager
-def use_attention(fn: Callable[..., object] | None) -> Iterator[None]:
-    """Route the decoder's attention calls to `fn` (None or kvtax's own: no change)."""
-    from kvtax.attention import attention as fused
-
-    if fn is None or fn is fused or getattr(fn, "__name__", "") == "attention_fused":
-        yield
-        return
-    saved = []
+def use_attention(model: torch.nn.Module, fn: Callable[..., object] | None) -> Iterator[None]:
+    """Route `model`'s attention calls to `fn` (None: leave them as they are)."""
+    layers = [m for m in model.modules() if hasattr(m, "attn_fn")]
+    if fn is not None and not layers:
+        raise RuntimeError(
+            f"{type(model).__name__} has no layer with an `attn_fn`; the harness cannot swap "
+            "its attention path"
+        )
+    saved = [(m, m.attn_fn) for m in layers]
     try:
-        for name in TARGETS:
-            mod = importlib.import_module(name)
-            if not hasattr(mod, "attention"):
-                raise RuntimeError(
-                    f"{name} has no module-level `attention`; the harness cannot swap the "
-                    "attention path of this decoder"
-                )
-            saved.append((mod, mod.attention))
-            mod.attention = fn
+        if fn is not None:
+            for m in layers:
+                m.attn_fn = fn
         yield
     finally:
-        for mod, orig in saved:
-            mod.attention = orig
+        for m, orig in saved:
+            m.attn_fn = orig

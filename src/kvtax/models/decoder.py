@@ -51,6 +51,8 @@ class Attention(nn.Module):
         super().__init__()
         assert cfg.head_dim is not None
         self.cfg, self.window = cfg, window
+        # The attention path; the harness swaps in a baseline of the same signature.
+        self.attn_fn = attention
         hd, hq, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         self.sizes = (hq * hd, hkv * hd, hkv * hd)
         self.wqkv = nn.Linear(cfg.hidden_size, sum(self.sizes), bias=bool(cfg.qkv_bias))
@@ -92,7 +94,7 @@ class Attention(nn.Module):
             # captured graph serves every step; the host length is advanced by the runner.
             cache.write_at(k, v, write_pos)
             view = dataclasses.replace(cache.view(), length=cache.length + t, length_t=length_t)
-        out = attention(q, view, scale=cfg.scale, softcap=cfg.attn_softcap)  # [B, Hq, T, D]
+        out = self.attn_fn(q, view, scale=cfg.scale, softcap=cfg.attn_softcap)  # [B, Hq, T, D]
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 
