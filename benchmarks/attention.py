@@ -50,9 +50,15 @@ ALL_ARMS = [
     "unfused-int8", "unfused-int4",
 ]
 # alternatives to the heuristic table, as LaunchConfig field overrides
+# decode: "tile" is decode.py's launch; the others vary decode_warp.py's (triton_api's
+# warp_decode_config keyword arguments)
 SWEEP_DECODE = {
-    "nofold": dict(fold=False), "n128": dict(block_n=128), "n32s4": dict(block_n=32, num_stages=4),
-    "n64w8": dict(block_n=64, num_warps=8),
+    "tile": None, "n16": dict(block_n=16), "n64": dict(block_n=64), "s2": dict(num_stages=2),
+    "sm4": dict(per_sm=4), "sm6": dict(per_sm=6), "sm12": dict(per_sm=12),
+    "sm16": dict(per_sm=16),
+    "r168sm12": dict(maxnreg=168, per_sm=12), "r128sm16": dict(maxnreg=128, per_sm=16),
+    "n16r128sm16": dict(block_n=16, maxnreg=128, per_sm=16),
+    "n16r168sm12": dict(block_n=16, maxnreg=168, per_sm=12),
 }
 SWEEP_PREFILL = {
     "n64": dict(block_n=64), "n128": dict(block_n=128), "f32math": dict(f16_math=False),
@@ -172,17 +178,17 @@ def build_arm(name, q, caches, kv, lengths, expect, args):
 
 
 def sweep_config(tag, q, view, lengths) -> LaunchConfig:
-    """The heuristic config with one sweep variant's fields replaced."""
+    """The launch of one sweep variant (see SWEEP_DECODE / SWEEP_PREFILL)."""
     import dataclasses
 
-    from kvtax.attention.triton_api import launch_config
+    from kvtax.attention import triton_api as ta
 
-    base = launch_config(q, view, lengths)
-    change = dict(SWEEP_DECODE[tag] if base.path == "decode" else SWEEP_PREFILL[tag])
-    if "block_n" in change and base.path == "decode":  # keep the slots per split
-        tiles = triton.cdiv(view.length, change["block_n"])
-        change["num_splits"] = max(1, min(base.num_splits, triton.cdiv(tiles, 2)))
-    return dataclasses.replace(base, **change)
+    base = ta.launch_config(q, view, lengths)
+    if base.path == "decode":
+        if tag == "tile":
+            return ta.tile_decode_config(q, view, lengths)
+        return ta.warp_decode_config(q, view, lengths, **SWEEP_DECODE[tag])
+    return dataclasses.replace(base, **SWEEP_PREFILL[tag])
 
 
 def cell_list(args):
@@ -191,7 +197,7 @@ def cell_list(args):
     if args.sweep:
         keep = lambda t: args.sweep_variants is None or t in args.sweep_variants  # noqa: E731
         for fmt in args.sweep_formats:
-            dec = [t for t in SWEEP_DECODE if keep(t) and not (fmt == "fp16" and t == "nofold")]
+            dec = [t for t in SWEEP_DECODE if keep(t)]
             pre = [t for t in SWEEP_PREFILL if keep(t)]
             cells += [(max(args.contexts), "decode", f"kvtax-{fmt}@{t}") for t in dec]
             cells += [(args.sweep_prefill_ctx, "prefill", f"kvtax-{fmt}@{t}") for t in pre]

@@ -26,7 +26,19 @@ torch.compile) and is then measured.
     python benchmarks/hf_decode.py --device cpu --config tiny --context 64 --new-tokens 4
 
 Writes `<out>/rows.json` (rows + config + environment) and `<out>/table.md`, prints the
-markdown table last. `--out x.json` writes that file instead (table beside it).
+markdown table last. `--out x.json` writes that file instead (table beside it). Each row is
+also appended to `<out>/rows.jsonl` and fsynced the moment it finishes, so a run killed
+at its time limit keeps every finished row; `--table <out>/rows.jsonl` prints their table.
+
+quanto on CUDA: rather than JIT-building quanto's whole CUDA extension (Marlin/AWQ GEMMs,
+minutes of nvcc) at the first dequantize, `kvtax.harness.hf_quantized.prepare_quanto`
+builds the one kernel its KV cache calls (`unpack`) from quanto's source; the quanto row
+records how unpack ran (`quanto_unpack`).
+
+`--budget-s S` starts no row that would likely end past S seconds after the start (judged
+from the slowest finished row of the same mode kind: eager, static, compiled); such rows
+say `skipped: time budget`. `--warmup-tokens` shortens the untimed warm-up generation
+(it compiles and JITs; the measured generation is always `--new-tokens` long).
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import datetime as dt
 import gc
 import importlib
 import json
+import os
 import pathlib
 import platform
 import statistics
@@ -50,10 +63,12 @@ import transformers
 from transformers import AutoModelForCausalLM, DynamicCache, LogitsProcessor, LogitsProcessorList
 
 import kvtax.hf as kh
+from kvtax.harness.hf_quantized import prepare_quanto, quantized_cache_bytes
 from kvtax.hf.cache import cache_kwarg
 from kvtax.hf.models import llama31_8b_config, tiny_config
 
 ARMS = ("dynamic", "kvtax-int8", "kvtax-int4", "quanto-int4")
+QUANTO_UNPACK: dict[str, str] = {}  # how quanto's unpack runs here, once prepared
 MODES = ("eager", "static", "compiled")
 GIB = 2**30
 
@@ -111,6 +126,9 @@ def make_cache(arm: str, mode: str, model, max_len: int):
             return "skipped: QuantizedCache has no preallocated/compileable form"
         try:
             importlib.import_module("optimum.quanto")
+            # On CUDA quanto would JIT-build its whole extension (minutes) at the first
+            # dequantize; build only the unpack kernel its KV cache uses (hf_quantized).
+            QUANTO_UNPACK.setdefault("how", prepare_quanto(model.device))
         except Exception as exc:  # ImportError, or a broken extension build
             return f"unavailable: optimum.quanto does not import ({type(exc).__name__})"
         return transformers.QuantizedCache(backend="quanto", config=cfg, nbits=4)
@@ -118,9 +136,12 @@ def make_cache(arm: str, mode: str, model, max_len: int):
 
 
 def cache_bytes(cache) -> int | None:
-    """Resident K/V bytes: exact for kvtax and transformers' dense caches, else None."""
+    """Resident K/V bytes: kvtax's allocation; transformers' dense tensors; QuantizedCache's
+    quantized tensors plus its unquantized residual."""
     if isinstance(cache, kh.KVTaxCache):
         return cache.nbytes
+    if isinstance(cache, transformers.QuantizedCache):
+        return quantized_cache_bytes(cache)
     total = 0
     for layer in getattr(cache, "layers", []):
         if isinstance(getattr(layer, "keys", None), torch.Tensor) and not hasattr(
@@ -165,6 +186,10 @@ def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:
         kwargs["compile_config"] = cc
     else:
         kwargs["disable_compile"] = True
+    # The warm-up compiles and JITs; its length does not change the graphs, but it needs a
+    # few decode steps: dynamo recompiles once when a size first changes between steps.
+    warmup_tokens = min(args.new_tokens, max(4, args.warmup_tokens or args.new_tokens))
+    row["warmup_tokens"] = warmup_tokens
     installed = arm.startswith("kvtax-")
     if installed:
         kh.install(model)
@@ -181,13 +206,14 @@ def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:
                     torch.cuda.reset_peak_memory_stats()
                 clock = PhaseClock(device)
                 clock.marks.append(clock.mark())
+                n_new = args.new_tokens if _attempt == "measure" else warmup_tokens
                 wall = time.perf_counter()
                 with torch.no_grad():
                     out = model.generate(
                         ids,
                         logits_processor=LogitsProcessorList([clock]),
                         **{cache_kwarg(model): cache},
-                        **kwargs,
+                        **dict(kwargs, max_new_tokens=n_new, min_new_tokens=n_new),
                     )
                 times = clock.seconds()
                 wall = time.perf_counter() - wall
@@ -225,6 +251,20 @@ def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:
         if mode.startswith("compiled"):
             torch._dynamo.reset()
     return row
+
+
+def _brief(row: dict) -> str:
+    """One progress line: status, TTFT, ms/token, row time."""
+    parts = [row["status"]]
+    if row.get("ttft_s") is not None:
+        parts.append(f"TTFT {row['ttft_s']:.3f} s")
+    if row.get("ms_per_token_median") is not None:
+        parts.append(f"{row['ms_per_token_median']:.2f} ms/token")
+    if row.get("row_wall_s") is not None:
+        parts.append(f"row {row['row_wall_s']:.0f} s")
+    if row.get("error"):
+        parts.append(str(row["error"]).splitlines()[0][:160])
+    return ", ".join(parts)
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -313,6 +353,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output folder (or a .json file path)")
+    p.add_argument("--warmup-tokens", type=int, default=None,
+                   help="tokens generated by each row's untimed warm-up (default: --new-tokens)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no row that would likely end past this many seconds")
+    p.add_argument("--table", metavar="ROWS_JSONL", default=None,
+                   help="print the markdown table of a rows.jsonl (e.g. of a killed run) and exit")
     args = p.parse_args(argv)
     args.arms = [a for a in args.arms.split(",") if a]
     bad = [a for a in args.arms if a not in ARMS]
@@ -329,8 +375,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _jsonl_path(out: str | None) -> pathlib.Path | None:
+    if not out:
+        return None
+    p = pathlib.Path(out)
+    return p.with_suffix(".jsonl") if p.suffix == ".json" else p / "rows.jsonl"
+
+
+def append_row(path: pathlib.Path | None, row: dict) -> None:
+    """One JSON line, flushed and fsynced before the next row starts."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def mode_kind(mode: str) -> str:
+    return mode.split(":", 1)[0]
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    if args.table:
+        rows = [json.loads(line) for line in open(args.table) if line.strip()]
+        print(table(rows))
+        return rows
+    t_start = time.perf_counter()
     device = torch.device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     cfg = llama31_8b_config() if args.config == "llama31-8b" else tiny_config("llama", vocab=1024)
@@ -351,14 +424,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
     env["cudagraph_skip_dynamic_graphs"] = skip_dynamic
     if device.type == "cuda":
         env["weights_gib"] = torch.cuda.memory_allocated() / GIB
+    jsonl = _jsonl_path(args.out)
+    if jsonl is not None and jsonl.exists():
+        jsonl.unlink()  # this run's rows only, like rows.json
+    slowest: dict[str, float] = {}  # mode kind -> slowest row's wall seconds
     rows = []
     for mode in args.modes:
         for arm in args.arms:
-            print(f"  {arm} / {mode} …", file=sys.stderr, flush=True)
-            row = run_row(model, arm, mode, args, device)
+            elapsed = time.perf_counter() - t_start
+            guess = slowest.get(mode_kind(mode), 0.0)
+            if args.budget_s is not None and elapsed + guess > args.budget_s:
+                row = {"arm": arm, "mode": mode, "context": args.context,
+                       "new_tokens": args.new_tokens, "batch": args.batch,
+                       "status": f"skipped: time budget ({elapsed:.0f} s used, a {mode} row "
+                                 f"took up to {guess:.0f} s, budget {args.budget_s:.0f} s)"}
+            else:
+                print(f"  {arm} / {mode} … ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+                t_row = time.perf_counter()
+                row = run_row(model, arm, mode, args, device)
+                row["row_wall_s"] = time.perf_counter() - t_row
+                if not row["status"].startswith(("skipped", "unavailable")):
+                    kind = mode_kind(mode)
+                    slowest[kind] = max(slowest.get(kind, 0.0), row["row_wall_s"])
             row.update(device=env["device"], model=args.config, dtype=args.dtype)
+            if arm == "quanto-int4" and "how" in QUANTO_UNPACK and row["status"] == "ok":
+                row["quanto_unpack"] = QUANTO_UNPACK["how"]
             rows.append(row)
-            print(f"    {row['status']}", file=sys.stderr, flush=True)
+            append_row(jsonl, row)
+            print(f"    {_brief(row)}", file=sys.stderr, flush=True)
     md = table(rows)
     if args.out:
         out = pathlib.Path(args.out)

@@ -147,28 +147,67 @@ def _batch(qt, b):
     return type(qt)(*(None if t is None else t[b : b + 1] for t in qt))
 
 
-def test_kernels_really_run_here():
-    """On CPU the Triton interpreter runs the kernels (not the torch reference)."""
-    from kvtax.attention.kernels.decode import _decode_attn_split_kernel
+@pytest.mark.parametrize(
+    "spec, d, kernel",
+    [("int4", 64, "_decode_warp_kernel"), ("int4-g16", 80, "_decode_attn_split_kernel")],
+)
+def test_kernels_really_run_here(spec, d, kernel):
+    """On CPU the Triton interpreter runs the kernels (not the torch reference), and
+    decode shapes reach the kernel the launch table names for them."""
+    from kvtax.attention.kernels import decode, decode_warp
     from kvtax.attention.kernels.prefill import _prefill_attn_fwd_kernel
 
     kind = "InterpretedFunction" if not ke.HAS_CUDA else "JITFunction"
-    assert type(_decode_attn_split_kernel).__name__ == kind
+    fn = getattr(decode_warp if kernel == "_decode_warp_kernel" else decode, kernel)
+    assert type(fn).__name__ == kind
     assert type(_prefill_attn_fwd_kernel).__name__ == kind
-    q, view = build("int4", d=64, h_kv=1, group=1, ctx=17, n_q=1)
+    q, view = build(spec, d=d, h_kv=1, group=1, ctx=17, n_q=1)
     calls = []
-    original = _decode_attn_split_kernel.run
+    original = fn.run
 
     def spy(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
 
-    _decode_attn_split_kernel.run = spy
+    fn.run = spy
     try:
         check(q, view, what="spy")
     finally:
-        del _decode_attn_split_kernel.run
-    assert calls, "the decode kernel was not launched"
+        del fn.run
+    assert calls, f"{kernel} was not launched"
+
+
+@pytest.mark.parametrize("grow", ["scores", "values"])
+@pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "k8v4", "fp16"])
+def test_decode_rescaling_across_tiles(spec, grow):
+    """decode_warp rescales lazily: when a row's max grows by more than 2^8 (scores
+    that climb along the context) or a tile's V scales outgrow the reference by 2^6
+    (values growing ~1100x while every tile keeps a similar weight). Neither may
+    overflow fp16 or drop the earlier tiles' share."""
+    gen = torch.Generator().manual_seed(7)
+    ctx, d = 200, 64
+    ramp = torch.linspace(0.0, 1.0, ctx)[None, None, :, None]
+    k = torch.randn(1, 1, ctx, d, generator=gen)
+    v = torch.randn(1, 1, ctx, d, generator=gen)
+    q = torch.randn(1, 4, 1, d, generator=gen)
+    if grow == "scores":
+        k, q = k + 4.0 * ramp, q * 0.1 + 0.7  # later keys align with q
+    else:
+        # V jumps 1000x after slot 64 while the early keys score ~ln(1000) higher, so
+        # both parts carry similar weight in the output
+        early = (torch.arange(ctx) < 64)[None, None, :, None]
+        v = v * torch.where(early, 1e-3, 1.0)
+        k = 0.1 * k + torch.where(early, 1.725, 0.0)
+        q = torch.full_like(q, 0.5)
+    cache = ke.FullCache(spec)
+    cache.append(k.to(DEVICE, torch.float16), v.to(DEVICE, torch.float16))
+    q = q.to(DEVICE, torch.float16)
+    out = triton_attention(q, cache.view())
+    ref = ke.attention_blockwise(q.float(), cache.view())
+    # outputs may reach ~1e2-1e3, where fp16's own rounding step is 0.06-0.5
+    top = ref.abs().max().item()
+    ke.assert_close(out.float(), ref, atol=max(2e-2, 2e-3 * top), rel_rms=4e-3,
+                    what=f"rescale-{grow}-{spec}")
 
 
 def test_unsupported_calls_say_why():

@@ -26,12 +26,13 @@ import torch
 import triton
 
 from kvtax.attention.kernels.decode import _decode_attn_split_kernel
+from kvtax.attention.kernels.decode_warp import _decode_warp_kernel
 from kvtax.attention.kernels.prefill import _prefill_attn_fwd_kernel
 from kvtax.attention.kernels.reduce import _decode_attn_reduce_kernel
 from kvtax.attention.reference import check_kv_start, check_query
 from kvtax.attention.view import CacheView
 from kvtax.errors import ShapeError
-from kvtax.formats import AffineFormat, FloatFormat, FP8Format, KVFormat
+from kvtax.formats import AffineFormat, FloatFormat, FP8Format, KVFormat, KVSpec, QTensor
 
 SUPPORTS_KV_START = True  # dispatch passes left-padding starts (kv_start) to the kernels
 MAX_DECODE_ROWS = 16  # query rows served by the decode kernel
@@ -54,6 +55,8 @@ class LaunchConfig:
     num_splits: int = 1
     fold: bool = False  # apply K/V scales to scores / P instead of every element (decode)
     f16_math: bool = True  # fp16 models dequantize in fp16
+    kernel: str = "tile"  # decode: "warp" (decode_warp.py, one warp per split) or "tile"
+    maxnreg: int | None = None  # register cap per thread (more resident warps), or None
 
 
 def _interpreting() -> bool:
@@ -125,18 +128,16 @@ def launch_config(
     n_q, group = q.shape[2], q.shape[1] // view.num_kv_heads
     half = _half(view.head_dim)
     if n_q <= MAX_DECODE_ROWS and group * n_q <= MAX_DECODE_TILE:
-        block_m = max(16, triton.next_power_of_2(group * n_q))
-        # measured on the H200 at 128k (notes/KERNELS.md): 128-slot tiles suit fp16; int4
-        # with 128-slot folded tiles was faster but failed the fp16 error bound (run 3)
-        wide = not any(f.is_quantized for f in (view.spec.key, view.spec.value))
-        block_n = 32 if half > 64 else (128 if wide else 64)
-        warps = 4 if block_m * half < 64 * 64 else 8
-        bh = q.shape[0] * view.num_kv_heads
-        tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
-        # ~8 programs per SM keeps a single long sequence streaming at full bandwidth
-        want = triton.cdiv(8 * _sm_count(q.device), bh)
-        splits = max(1, min(want, triton.cdiv(tiles, 2), 256))
-        return LaunchConfig("decode", block_m, block_n, warps, 3, splits, fold=True)
+        if group * n_q <= 16 and _warp_reason(view) is None:
+            # H200 sweep at 128k (notes/KERNELS.md, run 7): fp8 prefers 16-slot tiles
+            # (0.093 vs 0.110 ms), float caches 4 programs per SM (0.143 vs 0.151-0.167)
+            fmts = (view.spec.key, view.spec.value)
+            if all(isinstance(f, FP8Format) for f in fmts):
+                return warp_decode_config(q, view, lengths, block_n=16)
+            if not any(f.is_quantized for f in fmts):
+                return warp_decode_config(q, view, lengths, per_sm=4)
+            return warp_decode_config(q, view, lengths)
+        return tile_decode_config(q, view, lengths)
     if q.dtype == torch.float32:
         return LaunchConfig("prefill", 64, 32, 4, 2)
     if half != view.head_dim // 2:  # D = 80, 96: per-dim scale gathers need registers
@@ -144,6 +145,42 @@ def launch_config(
     if half <= 64:
         return LaunchConfig("prefill", 128, 128, 8, 3)
     return LaunchConfig("prefill", 64, 64, 4, 2)
+
+
+def warp_decode_config(
+    q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
+    block_n: int = 32, per_sm: int = 8, num_stages: int = 3, num_warps: int = 1,
+    maxnreg: int | None = None,
+) -> LaunchConfig:
+    """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
+    wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
+    128k, notes/KERNELS.md); splits of >= 4 tiles."""
+    bh = q.shape[0] * view.num_kv_heads
+    tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
+    want = triton.cdiv(per_sm * _sm_count(q.device), bh)
+    splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
+    return LaunchConfig("decode", 16, block_n, num_warps, num_stages, splits, kernel="warp",
+                        maxnreg=maxnreg)
+
+
+def tile_decode_config(
+    q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None
+) -> LaunchConfig:
+    """decode.py's launch (any shape up to 128 packed rows; 4-8 warps per program)."""
+    n_q, group = q.shape[2], q.shape[1] // view.num_kv_heads
+    half = _half(view.head_dim)
+    block_m = max(16, triton.next_power_of_2(group * n_q))
+    # measured on the H200 at 128k (notes/KERNELS.md): 128-slot tiles suit fp16; int4
+    # with 128-slot folded tiles was faster but failed the fp16 error bound (run 3)
+    wide = not any(f.is_quantized for f in (view.spec.key, view.spec.value))
+    block_n = 32 if half > 64 else (128 if wide else 64)
+    warps = 4 if block_m * half < 64 * 64 else 8
+    bh = q.shape[0] * view.num_kv_heads
+    tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
+    # ~8 programs per SM keeps a single long sequence streaming at full bandwidth
+    want = triton.cdiv(8 * _sm_count(q.device), bh)
+    splits = max(1, min(want, triton.cdiv(tiles, 2), 256))
+    return LaunchConfig("decode", block_m, block_n, warps, 3, splits, fold=True)
 
 
 def triton_attention(
@@ -175,6 +212,59 @@ def triton_attention(
         cache.append(k, v)
         o = triton_attention(q, cache.view(), softcap=50.0)
     """
+    if torch.compiler.is_compiling() and out is None and config is None:
+        return _attention_op(
+            q, *view.k, *view.v, lengths if lengths is not None else view.length_t, kv_start,
+            view.spec.name, view.head_dim, view.length, view.sinks, view.ring,
+            -1 if view.window is None else view.window, view.dtype,
+            -1.0 if scale is None else float(scale), float(softcap or 0.0),
+        )
+    return _triton_attention(q, view, scale=scale, softcap=softcap, lengths=lengths,
+                             kv_start=kv_start, out=out, config=config)
+
+
+# torch.compile sees the kernels as one opaque op: Inductor re-specializes user Triton
+# kernels it traces (and failed to build them on the H200 with Triton 3.6), and a graph
+# break per layer would cut transformers' compiled decode into 64 pieces.
+@torch.library.custom_op("kvtax::attention", mutates_args=())
+def _attention_op(
+    q: torch.Tensor, kc: torch.Tensor, ks: torch.Tensor | None, kb: torch.Tensor | None,
+    vc: torch.Tensor, vs: torch.Tensor | None, vb: torch.Tensor | None,
+    length_t: torch.Tensor | None, kv_start: torch.Tensor | None, spec: str, head_dim: int,
+    length: int, sinks: int, ring: int, window: int, dtype: torch.dtype, scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    view = CacheView(
+        k=QTensor(kc, ks, kb), v=QTensor(vc, vs, vb), spec=_spec(spec), head_dim=head_dim,
+        length=length, sinks=sinks, ring=ring, window=None if window < 0 else window,
+        dtype=dtype, length_t=length_t,
+    )
+    return _triton_attention(q, view, scale=None if scale < 0 else scale,
+                             softcap=softcap or None, kv_start=kv_start)
+
+
+@_attention_op.register_fake
+def _(q, kc, ks, kb, vc, vs, vb, length_t, kv_start, spec, head_dim, length, sinks, ring,
+      window, dtype, scale, softcap):
+    return q.new_empty(q.shape)
+
+
+@lru_cache(maxsize=None)
+def _spec(name: str) -> KVSpec:
+    return KVSpec.parse(name)
+
+
+def _triton_attention(
+    q: torch.Tensor,
+    view: CacheView,
+    *,
+    scale: float | None = None,
+    softcap: float | None = None,
+    lengths: torch.Tensor | None = None,
+    kv_start: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
     reason = _unsupported(q, view, allow_cpu=_interpreting())
     if reason is not None:
         raise ShapeError(f"triton_attention cannot run this call: {reason}")
@@ -243,17 +333,72 @@ def triton_attention(
     part_o = _workspace((b * h_kv, splits, rows, d), q.device)
     part_m = _workspace((b * h_kv, splits, rows), q.device)
     part_l = _workspace((b * h_kv, splits, rows), q.device)
-    _decode_attn_split_kernel[(b * h_kv, splits)](
-        q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
-        *q.stride(), *strides, **common,
-    )
+    if cfg.kernel == "warp":
+        reason = _warp_reason(view)
+        if reason is not None or cfg.block_m < rows:
+            raise ShapeError(f"decode_warp kernel cannot run this call: {reason or 'rows'}")
+        _decode_warp_kernel[(b * h_kv, splits)](
+            q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
+            *q.stride(), *strides, **_warp_args(view, q.dtype, cfg, common),
+        )
+    else:
+        _decode_attn_split_kernel[(b * h_kv, splits)](
+            q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
+            *q.stride(), *strides, **common,
+        )
     splits_pad = triton.next_power_of_2(splits)
-    _decode_attn_reduce_kernel[(b * h_kv, rows)](
+    d_block = min(32, triton.next_power_of_2(d))
+    _decode_attn_reduce_kernel[(b * h_kv, rows, triton.cdiv(d, d_block))](
         part_o, part_m, part_l, out, n_q, splits, h_kv, *out.stride()[:3],
-        G=group, HEAD_DIM=d, D_PAD=triton.next_power_of_2(d),
-        SPLITS_PAD=splits_pad, SPLIT_BLOCK=min(splits_pad, 64), num_warps=8,
+        G=group, HEAD_DIM=d, D_BLOCK=d_block,
+        SPLITS_PAD=splits_pad, SPLIT_BLOCK=min(splits_pad, 64), num_warps=4,
     )
     return out
+
+
+def _warp_reason(view: CacheView) -> str | None:
+    """None when decode_warp.py serves this cache: head dim a power of two from 32 to
+    256, integer formats with at most one scale group per half row (group >= D/2) and
+    packed scale rows. Otherwise the tile kernel (decode.py) runs."""
+    d = view.head_dim
+    if d & (d - 1) or not 32 <= d <= 256:
+        return f"head_dim {d} is not a power of two in [32, 256]"
+    for part, fmt, qt in (("key", view.spec.key, view.k), ("value", view.spec.value, view.v)):
+        if isinstance(fmt, AffineFormat):
+            if fmt.group_size < d // 2:
+                return f"{part} group size {fmt.group_size} < head_dim / 2"
+            if qt.scales.stride(-2) != d // fmt.group_size:
+                return f"{part} scale rows are not packed"
+    return None
+
+
+def _warp_args(view: CacheView, dtype: torch.dtype, cfg: LaunchConfig, common: dict) -> dict:
+    """decode_warp.py's constexprs (its operand dtypes and groups per row) and launch."""
+    import triton.language as tl
+
+    tl_dtype = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+    ieee = common["IEEE"]
+
+    def side(fmt: KVFormat) -> tuple[int, object]:
+        code, gs = _format_code(fmt)  # type: ignore[misc]
+        ng = view.head_dim // gs if code in (1, 2) else 1
+        if ieee:
+            dt = tl.float32
+        elif code == 0:  # stored rows go to the dots as they are
+            dt = tl_dtype[view.k.codes.dtype if fmt is view.spec.key else view.v.codes.dtype]
+        else:  # centered codes and fp8 values are exact in fp16
+            dt = tl.float16
+        return ng, dt
+
+    k_ng, k_dt = side(view.spec.key)
+    v_ng, v_dt = side(view.spec.value)
+    keep = ("G", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "K_FMT", "V_FMT", "IS_RING", "HAS_WINDOW",
+            "SOFTCAP", "HAS_LENS", "IEEE", "HAS_KV_START", "num_warps", "num_stages")
+    args = {k: common[k] for k in keep}
+    args.update(K_NG=k_ng, V_NG=v_ng, K_DT=k_dt, V_DT=v_dt, ASM=not _interpreting())
+    if cfg.maxnreg and not _interpreting():
+        args["maxnreg"] = cfg.maxnreg
+    return args
 
 
 def _fold_pays(fmt: KVFormat, head_dim: int) -> bool:

@@ -7,6 +7,7 @@ the quantized storage as is.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 
 import torch
@@ -16,6 +17,8 @@ from kvtax.cache.storage import Storage, round_up
 from kvtax.errors import CapacityError, ShapeError
 from kvtax.formats import KVSpec, QTensor, check_input, rotate
 
+_warned: set[str] = set()  # fallback reasons already reported
+
 
 class BaseCache(ABC):
     """Shared state and checks; subclasses decide where tokens go.
@@ -24,7 +27,13 @@ class BaseCache(ABC):
     of codes + scales + biases), `used_nbytes` (bytes of the tokens held), and
     `growth_events` (storage reallocations so far; the harness records whether one fell
     inside a timed window).
+
+    `fused_store`: None (default) quantizes and writes new tokens with one fused Triton
+    launch on CUDA (`kvtax.formats.store_triton`), in torch elsewhere; False always uses
+    torch; True also tries the kernel on CPU (tests, under Triton's interpreter).
     """
+
+    fused_store: bool | None = None
 
     def __init__(
         self,
@@ -99,8 +108,37 @@ class BaseCache(ABC):
             self._check(k, v)
         finally:
             self.check_finite = finite
-        qk, qv = self._quantize(k, v)
-        self.store.write_index(self._slot_of(pos_t), qk, qv)
+        if not self._store_fused(k, v, pos_t):
+            qk, qv = self._quantize(k, v)
+            self.store.write_index(self._slot_of(pos_t), qk, qv)
+
+    def _store_fused(self, k: torch.Tensor, v: torch.Tensor, pos: int | torch.Tensor) -> bool:
+        """Quantize and write tokens at positions `pos + t` in one fused launch (`pos`: host
+        int or device `[1]` tensor); False when the kernel does not apply (use torch)."""
+        if self.fused_store is False or (self.fused_store is None and not k.is_cuda):
+            return False
+        try:
+            from kvtax.formats import store_triton
+        except ImportError:  # no (working) Triton: the torch path serves
+            return False
+        assert self.store is not None
+        s, (sinks, ring) = self.store, self._ring_layout()
+        reason = store_triton.unsupported_reason(
+            k, v, s.k, s.v, self.spec, pos=pos, sinks=sinks, ring=ring
+        )
+        if reason is not None:
+            if k.is_cuda and reason not in _warned:
+                _warned.add(reason)
+                warnings.warn(f"kvtax: cache writes use torch, not the fused kernel: {reason}")
+            return False
+        store_triton.quantize_store(
+            k, v, s.k, s.v, self.spec, pos, sinks=sinks, ring=ring, check=False
+        )
+        return True
+
+    def _ring_layout(self) -> tuple[int, int]:
+        """(sinks, ring) of the slot map; a full cache has no ring: (0, 0)."""
+        return 0, 0
 
     def _slot_of(self, pos_t: torch.Tensor) -> torch.Tensor:
         """Storage slot of the (device) positions `pos_t`; a full cache stores position p at p."""

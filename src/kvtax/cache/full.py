@@ -25,8 +25,9 @@ class FullCache(BaseCache):
         assert self.store is not None
         n = k.shape[2]
         self.store.ensure(self.length + n, keep=self.length)
-        qk, qv = self._quantize(k, v)
-        self.store.write(self.length, qk, qv)
+        if not self._store_fused(k, v, self.length):
+            qk, qv = self._quantize(k, v)
+            self.store.write(self.length, qk, qv)
         self.length += n
 
     def view(self) -> CacheView:

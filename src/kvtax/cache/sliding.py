@@ -72,6 +72,9 @@ class SlidingCache(BaseCache):
         n_ring = n_new - n_sink
         if n_ring and self.window - 1 + n_ring > self.ring:
             self._grow_ring(self.window - 1 + n_ring)
+        if self._store_fused(k, v, p0):
+            self.length += n_new
+            return
         qk, qv = self._quantize(k, v)
         if n_sink:
             self.store.write(p0, qk.slice_tokens(0, n_sink), qv.slice_tokens(0, n_sink))
@@ -84,6 +87,9 @@ class SlidingCache(BaseCache):
                 slots, qk.slice_tokens(n_sink, n_new), qv.slice_tokens(n_sink, n_new)
             )
         self.length += n_new
+
+    def _ring_layout(self) -> tuple[int, int]:
+        return self.sinks, self.ring
 
     def _slot_of(self, pos_t: torch.Tensor) -> torch.Tensor:
         return torch.where(

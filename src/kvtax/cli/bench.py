@@ -124,8 +124,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cuda-graph", choices=["auto", "off"], default="auto",
                    help="fused path's decode: CUDA graph when the runner can (auto; needs "
                         "--presize) or eager like the baselines (off)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="wall-clock budget of this invocation: start no cell that would likely "
+                        "end past it (judged from the slowest finished cell of that arm and "
+                        "context); finish later with --resume (also applies when resuming)")
+    p.add_argument("--max-context", type=_limits, default={}, metavar="PATH=CTX,...",
+                   help="largest context a path or arm runs, e.g. unfused=64k,int4/dequant=32k; "
+                        "larger cells become rows with status skipped and the reason")
+    p.add_argument("--skip-after-failure", action="store_true",
+                   help="after an arm's OOM or timeout, write its cells at that context and "
+                        "above as skipped rows instead of running them again")
+    p.add_argument("--rounds", action="store_true",
+                   help="order repetition by repetition (shuffled within each), so a sweep cut "
+                        "short by --budget-s holds whole repetitions of every cell")
     p.add_argument("--no-report", action="store_true", help="skip writing the report")
     p.set_defaults(func=run)
+
+
+def _limits(text: str) -> dict[str, int]:
+    """"unfused=64k,int4/dequant=32k" → {"unfused": 65536, "int4/dequant": 32768}."""
+    out = {}
+    for part in _csv(text):
+        key, sep, ctx = part.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"--max-context wants PATH=CTX, got {part!r}")
+        out[key.strip()] = parse_contexts(ctx)[0]
+    return out
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -149,6 +173,8 @@ def _config(args: argparse.Namespace) -> Any:
         timeout_s=args.timeout or 600.0, cv_threshold=args.cv_threshold, claims=claims,
         threads=args.threads, worker=args.worker, heads=int(hq), kv_heads=int(hkv or hq),
         head_dim=args.head_dim, cuda_graph=None if args.cuda_graph == "auto" else False,
+        max_context=args.max_context, skip_after_failure=args.skip_after_failure,
+        rounds=args.rounds,
     )
 
 
@@ -183,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvtax bench: {exc}", file=sys.stderr)
         return 2
     store = run_sweep(cfg, out=args.out, name=args.name, resume=args.resume,
-                      cell_overrides=overrides,
+                      cell_overrides=overrides, budget_s=args.budget_s,
                       command=shlex.join(["kvtax", "bench", *sys.argv[2:]]) if
                       sys.argv[1:2] == ["bench"] else None)
     finish(store, cfg, report=not args.no_report)

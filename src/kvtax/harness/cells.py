@@ -317,7 +317,12 @@ def convert_caches(
 def run_cell(
     cell: dict[str, Any], hook: PhaseHook | None = None, out: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Dispatch on `cell["level"]`; `out` receives results phase by phase."""
+    """Dispatch on `cell["level"]` (and the hf-quantized path, which runs transformers'
+    own model and cache); `out` receives results phase by phase."""
+    if cell.get("path") == "hf-quantized" and cell.get("level", "model") == "model":
+        from kvtax.harness.hf_quantized import hf_quantized_cell
+
+        return hf_quantized_cell(cell, hook, out)
     if cell.get("level", "model") == "attention":
         return attention_cell(cell, hook, out)
     return model_cell(cell, hook, out)

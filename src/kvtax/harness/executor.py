@@ -108,10 +108,7 @@ class ForkserverExecutor:
                 if msg is None:  # deadline passed: kill the child, then collect its exit
                     timed_out = True
                     if pid is not None:
-                        try:
-                            os.kill(pid, signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
+                        kill_group(pid)
                     continue
                 if "pid" in msg:
                     pid = msg["pid"]
@@ -145,6 +142,19 @@ class ForkserverExecutor:
             self.proc = None
 
 
+def kill_group(pid: int) -> None:
+    """SIGKILL a cell's process group (the cell leads its own), else the process alone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
     try:
@@ -171,6 +181,7 @@ class SubprocessExecutor:
             text=True,
             env=dict(os.environ),
             preexec_fn=die_with_parent,
+            start_new_session=True,  # its own group: a timeout kills what it started too
         )
         state: dict[str, Any] = {"phase": None, "tail": []}
 
@@ -187,7 +198,7 @@ class SubprocessExecutor:
         try:
             out, _ = proc.communicate(json.dumps(cell), timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            kill_group(proc.pid)
             proc.communicate()
             return failure_row(
                 cell, "timeout", state["phase"], f"cell exceeded its {self.timeout_s:g} s limit"

@@ -48,6 +48,10 @@ def preload() -> None:
 
 def _child(cell: dict, proto_fd: int) -> None:
     die_with_parent()
+    # Its own process group: a timed-out cell is killed with everything it started
+    # (e.g. a compiler building an extension), which would otherwise run on and skew
+    # the next cells' timings.
+    os.setpgid(0, 0)
     proto = os.fdopen(proto_fd, "w", buffering=1)
     os.dup2(2, 1)  # stray prints from libraries must not corrupt the protocol stream
 

@@ -55,6 +55,14 @@ class SweepConfig:
     kv_heads: int = 8
     head_dim: int = 128
     extra: dict[str, Any] = field(default_factory=dict)
+    # Budgeting a long sweep (none of these change what a cell measures or its id):
+    # path or arm name -> largest context it runs; larger cells get a "skipped" row saying so.
+    max_context: dict[str, int] = field(default_factory=dict)
+    # After an arm's OOM or timeout, its cells at that context or larger are "skipped" rows.
+    skip_after_failure: bool = False
+    # Order rep by rep (every rep-0 cell, shuffled, before any rep-1 cell): a sweep stopped
+    # early has whole repetitions of every cell rather than random holes.
+    rounds: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -186,6 +194,13 @@ class Cell:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+def context_limit(cfg: SweepConfig, kv: str, path: str) -> int | None:
+    """The largest context `cfg.max_context` lets arm kv/path run (None: no limit)."""
+    limits = [int(v) for k, v in (cfg.max_context or {}).items()
+              if k in (path, arm_name(kv, path))]
+    return min(limits) if limits else None
+
+
 def plan_cells(cfg: SweepConfig, kind: str = "bench") -> list[Cell]:
     """All cells of a sweep in run order: shuffled warm-ups, then shuffled measurements."""
     arms = cfg.arms()
@@ -204,6 +219,8 @@ def plan_cells(cfg: SweepConfig, kind: str = "bench") -> list[Cell]:
     rng = random.Random(cfg.seed)
     rng.shuffle(warm)
     rng.shuffle(meas)
+    if cfg.rounds:  # stable sort: shuffled within each repetition
+        meas.sort(key=lambda m: m[3])
     cells = []
     for seq, (kv, path, ctx, rep, is_warm) in enumerate(warm + meas):
         params = dict(

@@ -267,7 +267,7 @@ def section_roofline(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def section_failures(fails: Sequence[Mapping[str, Any]]) -> list[str]:
     if not fails:
         return []
-    out = ["## Cells that did not complete (OOM, error, timeout, unavailable)", ""]
+    out = ["## Cells that did not complete (OOM, error, timeout, unavailable, skipped)", ""]
     rows = []
     for f in fails:
         err = (f.get("error") or "").strip().splitlines()

@@ -19,7 +19,8 @@ from typing import Any
 SCHEMA_VERSION = 1
 
 KINDS = ("bench", "recall", "quality", "roofline")
-STATUSES = ("ok", "oom", "error", "timeout", "unavailable")
+# skipped: not run on purpose (a max_context budget, or skip_after_failure); error says why.
+STATUSES = ("ok", "oom", "error", "timeout", "unavailable", "skipped")
 # fused: kvtax attention(); fp16: unquantized fp16 cache read by torch SDPA (stock baseline);
 # unfused: mlx-lm's dequantize + materialized [H, L, ctx] scores; dequant: transformers
 # QuantizedCache's dequantize-everything-then-SDPA; hf-quantized: transformers' own cache.

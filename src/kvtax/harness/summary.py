@@ -38,13 +38,19 @@ def print_summary(a: Mapping[str, Any], say: Callable[[str], None] = print) -> N
     if a.get("decode_growth"):
         say("cache grew inside the decode window at: "
             + ", ".join(f"{arm}@{ctx}" for arm, ctx in a["decode_growth"]))
-    fails = [f for f in a.get("failures", []) if f["status"] != "unavailable"]
+    fails = [f for f in a.get("failures", []) if f["status"] not in ("unavailable", "skipped")]
     unavailable: dict[str, str] = {}
+    skipped: dict[tuple[str, str], list[int]] = {}
     for f in a.get("failures", []):
+        why = (f.get("error") or "").splitlines()[0][:160] if f.get("error") else ""
         if f["status"] == "unavailable":
-            unavailable.setdefault(f["arm"], (f.get("error") or "").splitlines()[0][:160])
+            unavailable.setdefault(f["arm"], why)
+        elif f["status"] == "skipped":
+            skipped.setdefault((f["arm"], why), []).append(int(f["context"]))
     for arm, why in unavailable.items():
         say(f"unavailable arm {arm}: {why}")
+    for (arm, why), ctxs in skipped.items():
+        say(f"skipped {arm} at {sorted(set(ctxs))}: {why}")
     if fails:
         say(f"{len(fails)} cell(s) did not complete:")
         for f in fails[:20]:

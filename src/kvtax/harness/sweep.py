@@ -16,27 +16,67 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from kvtax.harness.executor import failure_row, make_executor
-from kvtax.harness.plan import Cell, SweepConfig, plan_cells
+from kvtax.harness.plan import Cell, SweepConfig, context_limit, plan_cells
 from kvtax.harness.store import RunStore, environment
 
 Printer = Callable[[str], None]
 
 
-def hf_quantized_unavailable() -> str | None:
-    """Why transformers' QuantizedCache cannot run here (None when it can)."""
-    try:
-        from transformers.utils import is_hqq_available, is_optimum_quanto_available
-    except ImportError as exc:
-        return f"transformers is not importable ({exc})"
-    if not (is_optimum_quanto_available() or is_hqq_available()):
-        return (
-            "transformers' QuantizedCache needs a backend: pip install optimum-quanto "
-            "(or hqq); neither is installed"
-        )
-    return (
-        "the hf-quantized arm needs a transformers model; kvtax bench drives kvtax's own "
-        "decoder, so this arm is measured only through the HF adapter (not wired yet)"
-    )
+def hf_quantized_unavailable(
+    kv: str | None = None, model: str | None = None, level: str = "model"
+) -> str | None:
+    """Why transformers' QuantizedCache cannot run here for `kv` on `model` (None: it can)."""
+    if level != "model":
+        return "hf-quantized is a whole-model arm (transformers' own model and cache)"
+    from kvtax.harness.hf_quantized import hf_quantized_unavailable as why
+
+    return why(kv, model)
+
+
+def skip_reason(cell: Cell, cfg: SweepConfig, tripped: dict[str, tuple[int, str]]) -> str | None:
+    """Why `cell` is written as a "skipped" row instead of run (None: run it)."""
+    limit = context_limit(cfg, cell.kv, cell.path)
+    if limit is not None and cell.context > limit:
+        return (f"skipped: context {cell.context} is above max_context {limit} for "
+                f"{cell.arm} (a budget choice in the sweep config, not a failure)")
+    hit = tripped.get(cell.arm)
+    if cfg.skip_after_failure and hit and cell.context >= hit[0]:
+        return (f"skipped: {cell.arm} already hit {hit[1]} at context {hit[0]} in this run "
+                "(skip_after_failure)")
+    return None
+
+
+def _trip(tripped: dict[str, tuple[int, str]], row: dict[str, Any]) -> None:
+    """Remember the smallest context at which an arm ran out of memory or time."""
+    if row.get("status") in ("oom", "timeout"):
+        arm, ctx = str(row["arm"]), int(row["context"])
+        if arm not in tripped or ctx < tripped[arm][0]:
+            tripped[arm] = (ctx, str(row["status"]))
+
+
+class CellClock:
+    """Wall seconds of finished cells, to guess whether the next one fits a time budget."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, int], float] = {}
+
+    def add(self, cell: Cell, seconds: float) -> None:
+        key = (cell.arm, cell.context)
+        self.seen[key] = max(seconds, self.seen.get(key, 0.0))
+
+    def estimate(self, cell: Cell) -> float:
+        """The slowest seen run of this arm and context; else of any arm at this context;
+        else the nearest smaller context's, scaled linearly; else 0 (unknown: run it)."""
+        if (cell.arm, cell.context) in self.seen:
+            return self.seen[(cell.arm, cell.context)]
+        same = [s for (_a, c), s in self.seen.items() if c == cell.context]
+        if same:
+            return max(same)
+        smaller = [(c, s) for (_a, c), s in self.seen.items() if c < cell.context]
+        if smaller:
+            c = max(c for c, _ in smaller)
+            return max(s for cc, s in smaller if cc == c) * cell.context / c
+        return 0.0
 
 
 def _fmt_secs(s: float) -> str:
@@ -68,10 +108,13 @@ def run_sweep(
     stream: TextIO | None = None,
     cell_overrides: dict[str, Any] | None = None,
     command: str | None = None,
+    budget_s: float | None = None,
 ) -> RunStore:
     """Run (or resume) a sweep; returns the run folder's store.
 
     `cell_overrides` adds keys to every cell payload (e.g. `mem_limit_bytes`, `threads`).
+    `budget_s`: start no cell that would likely end past this many seconds from now (its
+    arm and context's slowest earlier run, see CellClock); the rest waits for --resume.
     """
     stream = stream or sys.stdout
     say = print_fn or (lambda s: print(s, file=stream, flush=True))
@@ -98,21 +141,40 @@ def run_sweep(
         f"{total} cells ({len(cells) - len(todo)} already done), order seed {cfg.seed}, "
         f"{cfg.level}-level, model {cfg.model}, device {env['device']}"
     )
-    hf_reason = hf_quantized_unavailable()
-    if hf_reason and any(c.path == "hf-quantized" for c in todo):
-        say(f"hf-quantized arms are unavailable here (rows say so): {hf_reason}")
+    hf_reasons = {
+        kv: hf_quantized_unavailable(kv, cfg.model, cfg.level)
+        for kv in sorted({c.kv for c in todo if c.path == "hf-quantized"})
+    }
+    for kv, why in hf_reasons.items():
+        if why:
+            say(f"{kv}/hf-quantized is unavailable here (rows say so): {why}")
+    tripped: dict[str, tuple[int, str]] = {}
+    for r in store.rows():  # a resumed run remembers the failures of earlier calls
+        _trip(tripped, r)
     executor = make_executor(cfg.worker, cfg.timeout_s)
-    unavailable = [c for c in todo if c.path == "hf-quantized" and hf_reason]
-    to_run = len(todo) - len(unavailable)
+    to_run = sum(1 for c in todo if not (c.path == "hf-quantized" and hf_reasons.get(c.kv))
+                 and skip_reason(c, cfg, {}) is None)
     t_start = t_first = time.monotonic()
     ran = executed = 0
+    clock = CellClock()
+    left: list[Cell] = []  # cells the time budget did not reach
     try:
         for cell in todo:
             payload = _payload(cell, store, env, cell_overrides)
-            if cell.path == "hf-quantized" and hf_reason:
+            why = hf_reasons.get(cell.kv) if cell.path == "hf-quantized" else None
+            if why:
                 # Written, not skipped: the report must show the arm could not run, and why.
-                store.append(failure_row(payload, "unavailable", None, hf_reason))
+                store.append(failure_row(payload, "unavailable", None, why))
                 ran += 1
+                continue
+            why = skip_reason(cell, cfg, tripped)
+            if why:
+                store.append(failure_row(payload, "skipped", None, why))
+                ran += 1
+                continue
+            elapsed = time.monotonic() - t_start
+            if budget_s is not None and (left or elapsed + clock.estimate(cell) > budget_s):
+                left.append(cell)  # rows that cost nothing above still get written
                 continue
             label = f"{cell.arm} ctx={cell.context} rep={cell.rep}" + (
                 " (warm-up)" if cell.warmup else ""
@@ -120,10 +182,13 @@ def run_sweep(
             eta = ""
             if executed >= 2:  # the first cell also paid for starting the fork server
                 per = (time.monotonic() - t_first) / (executed - 1)
-                eta = f" ETA {_fmt_secs(per * (to_run - executed))}"
+                eta = f" ETA {_fmt_secs(per * max(0, to_run - executed))}"
             say(f"[{total - len(todo) + ran + 1}/{total}]{eta} {label} ...")
+            t_cell = time.monotonic()
             row = executor.run(payload)
             store.append(row)
+            clock.add(cell, time.monotonic() - t_cell)
+            _trip(tripped, row)
             ran += 1
             executed += 1
             if executed == 1:
@@ -131,6 +196,9 @@ def run_sweep(
             say(f"    {_summary(row)}")
     finally:
         executor.close()
+    if left:
+        say(f"time budget of {_fmt_secs(budget_s or 0)} reached: {len(left)} cell(s) not run; "
+            f"finish with: kvtax bench --resume {store.path}")
     say(
         f"done: {ran} cells in {_fmt_secs(time.monotonic() - t_start)}; rows in "
         f"{store.rows_path}"

@@ -22,6 +22,49 @@ def num_slots_of(length, sinks, ring, IS_RING: tl.constexpr):
 
 
 @triton.jit
+def sequence_of(pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring,
+                IS_RING: tl.constexpr, HAS_LENS: tl.constexpr, HAS_KV_START: tl.constexpr):
+    """(b, h, length, num_slots, kv0) of the program row `pid_bh` = b * H_kv + h: its
+    length (from the device tensor `Lens` when given, so one CUDA graph serves every
+    step), the slots to scan, and its first valid key position (left padding)."""
+    b = (pid_bh // n_kv_heads).to(tl.int64)
+    h = (pid_bh % n_kv_heads).to(tl.int64)
+    if HAS_LENS:
+        length = tl.load(Lens + b)
+    else:
+        length = length_host
+    num_slots = num_slots_of(length, sinks, ring, IS_RING)
+    if HAS_KV_START:  # left padding: this row's keys start here
+        kv0 = tl.load(KvStart + b)
+    else:
+        kv0 = 0
+    return b, h, length, num_slots, kv0
+
+
+@triton.jit
+def split_range(num_slots, split, num_splits, BLOCK_N: tl.constexpr):
+    """Slots `[lo, hi)` of a split-KV program: equal shares of whole tiles; trailing
+    splits may be empty (they write m = -inf, l = 0)."""
+    chunk = tl.cdiv(tl.cdiv(num_slots, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    return lo, tl.minimum(lo + chunk, num_slots)
+
+
+@triton.jit
+def visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING: tl.constexpr,
+            HAS_WINDOW: tl.constexpr, HAS_KV_START: tl.constexpr):
+    """`[rows, slots]` mask of the keys in slots `o_n` (valid where `m_n`) that queries at
+    `q_pos` see: causal, the window (plus sinks), and not before `kv0`."""
+    k_pos = slot_positions(o_n, length, sinks, ring, IS_RING)
+    vis = m_n[None, :] & (k_pos[None, :] <= q_pos[:, None])
+    if HAS_WINDOW:
+        vis = vis & (((q_pos[:, None] - k_pos[None, :]) < window) | (k_pos[None, :] < sinks))
+    if HAS_KV_START:
+        vis = vis & (k_pos[None, :] >= kv0)
+    return vis
+
+
+@triton.jit
 def slot_positions(o_n, length, sinks, ring, IS_RING: tl.constexpr):
     """Logical position of each slot in `o_n` (CacheView's slot map; valid slots only)."""
     if IS_RING:
@@ -109,12 +152,8 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
     if SOFTCAP:
         s = cap_log2 * _tanh(s)
     if MASKED:
-        k_pos = slot_positions(o_n, length, sinks, ring, IS_RING)
-        vis = m_n[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        if HAS_WINDOW:
-            vis = vis & (((q_pos[:, None] - k_pos[None, :]) < window) | (k_pos[None, :] < sinks))
-        if HAS_KV_START:
-            vis = vis & (k_pos[None, :] >= kv0)
+        vis = visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING, HAS_WINDOW,
+                      HAS_KV_START)
         s = tl.where(vis, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # a row that has seen no visible key yet keeps m = -inf; subtract 0 instead of -inf

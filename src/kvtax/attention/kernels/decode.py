@@ -13,7 +13,7 @@ on the cache's capacity.
 import triton
 import triton.language as tl
 
-from kvtax.attention.kernels.common import attn_step, num_slots_of, tile_meta
+from kvtax.attention.kernels.common import attn_step, sequence_of, split_range, tile_meta
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
@@ -32,21 +32,10 @@ def _decode_attn_split_kernel(
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
-    b = (pid_bh // n_kv_heads).to(tl.int64)
-    h = (pid_bh % n_kv_heads).to(tl.int64)
-    if HAS_LENS:
-        length = tl.load(Lens + b)
-    else:
-        length = length_host
-    num_slots = num_slots_of(length, sinks, ring, IS_RING)
-    if HAS_KV_START:  # left padding: this row's keys start here
-        kv0 = tl.load(KvStart + b)
-    else:
-        kv0 = 0
-    # equal shares of whole tiles; trailing splits may be empty and write m = -inf, l = 0
-    chunk = tl.cdiv(tl.cdiv(num_slots, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * chunk
-    hi = tl.minimum(lo + chunk, num_slots)
+    b, h, length, num_slots, kv0 = sequence_of(
+        pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring, IS_RING, HAS_LENS,
+        HAS_KV_START)
+    lo, hi = split_range(num_slots, split, num_splits, BLOCK_N)
 
     DH: tl.constexpr = HEAD_DIM // 2
     n_rows = G * n_q

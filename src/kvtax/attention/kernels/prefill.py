@@ -12,7 +12,7 @@ and ring caches run masked. Extra memory: none beyond the output.
 import triton
 import triton.language as tl
 
-from kvtax.attention.kernels.common import attn_step, num_slots_of, tile_meta
+from kvtax.attention.kernels.common import attn_step, sequence_of, tile_meta
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q"])
@@ -31,18 +31,9 @@ def _prefill_attn_fwd_kernel(
 ):
     # heaviest (latest) row blocks first: they scan the most slots
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // n_kv_heads).to(tl.int64)
-    h = (pid_bh % n_kv_heads).to(tl.int64)
-    if HAS_LENS:
-        length = tl.load(Lens + b)
-    else:
-        length = length_host
-    num_slots = num_slots_of(length, sinks, ring, IS_RING)
-    if HAS_KV_START:  # left padding: this row's keys start here
-        kv0 = tl.load(KvStart + b)
-    else:
-        kv0 = 0
+    b, h, length, num_slots, kv0 = sequence_of(
+        tl.program_id(1), n_kv_heads, Lens, KvStart, length_host, sinks, ring, IS_RING,
+        HAS_LENS, HAS_KV_START)
 
     DH: tl.constexpr = HEAD_DIM // 2
     o_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -1,6 +1,8 @@
 """Merge split-KV decode partials into the output.
 
-Grid `(B * H_kv, R)` with R = G * L rows per KV head. Each split s holds an unnormalized
+Grid `(B * H_kv, R, cdiv(D, D_BLOCK))` with R = G * L rows per KV head: a single decode
+row has few (b, head, row) triples, so the head dims are split too, to spread the
+partials' read (splits x D floats per row) over enough SMs. Each split s holds an unnormalized
 acc_s, a base-2 max m_s and a denominator l_s; with M = max_s m_s and w_s = 2^(m_s - M):
 out = sum_s w_s acc_s / sum_s w_s l_s. Empty splits have m_s = -inf and weigh 0.
 """
@@ -13,11 +15,12 @@ import triton.language as tl
 def _decode_attn_reduce_kernel(
     PartO, PartM, PartL, Out, n_q, num_splits, n_kv_heads,
     s_ob, s_oh, s_ol,
-    G: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr, D_BLOCK: tl.constexpr,
     SPLITS_PAD: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     r = tl.program_id(1)
+    d0 = tl.program_id(2) * D_BLOCK
     n_rows = G * n_q
     base = pid_bh.to(tl.int64) * num_splits * n_rows + r  # row r of split 0
     o_s = tl.arange(0, SPLITS_PAD)
@@ -27,15 +30,15 @@ def _decode_attn_reduce_kernel(
     l_s = tl.load(PartL + base + o_s * n_rows, mask=o_s < num_splits, other=0.0)
     denom = tl.sum(tl.exp2(m_s - m_max) * l_s, 0)
 
-    o_d = tl.arange(0, D_PAD)
+    o_d = d0 + tl.arange(0, D_BLOCK)
     m_d = o_d < HEAD_DIM
-    acc = tl.zeros([D_PAD], dtype=tl.float32)
+    acc = tl.zeros([D_BLOCK], dtype=tl.float32)
     for s0 in range(0, num_splits, SPLIT_BLOCK):
         o_c = s0 + tl.arange(0, SPLIT_BLOCK)
         m_c = o_c < num_splits
         w = tl.exp2(tl.load(PartM + base + o_c * n_rows, mask=m_c, other=float("-inf")) - m_max)
         p_o = PartO + (base + o_c * n_rows)[:, None] * HEAD_DIM + o_d[None, :]
-        o = tl.load(p_o, mask=m_c[:, None] & m_d[None, :], other=0.0)  # [SPLIT_BLOCK, D_PAD]
+        o = tl.load(p_o, mask=m_c[:, None] & m_d[None, :], other=0.0)  # [SPLIT_BLOCK, D_BLOCK]
         acc += tl.sum(w[:, None] * o, 0)
     out = acc / tl.where(denom == 0.0, 1.0, denom)  # a row that saw nothing → zeros
 

@@ -1,0 +1,192 @@
+"""Compile every kvtax Triton kernel variant for a GPU target without a GPU.
+
+A device call that dies on a compiler error wastes scarce GPU time, and the GPU machine
+runs an older Triton (3.6) than CI (newest). This script drives the real wrappers
+(triton_attention, the fused cache store) on CPU tensors with Triton's launches turned
+into compile-only warm-ups for `--arch` (default sm_90), over the shapes and formats the
+tests and benchmarks use, and reports each variant's registers and spills.
+
+    python benchmarks/compile_check.py                       # the installed Triton
+    PYTHONPATH=/tmp/t36 python benchmarks/compile_check.py   # e.g. Triton 3.6 unpacked there
+
+Exits 1 if any variant fails to compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+
+COMPILED: list[tuple[str, object]] = []
+
+
+def _compile_only(arch: int) -> None:
+    """Launches compile for `arch` and return without running (no GPU needed)."""
+    target = GPUTarget("cuda", arch, 32)
+
+    class FakeDriver:  # just enough of a CUDA driver for the JIT to compile
+        def get_current_target(self):
+            return target
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+        def get_device_interface(self):
+            return torch.cuda
+
+        def map_python_to_cpp_type(self, ty):
+            from triton.backends.nvidia.driver import ty_to_cpp
+            return ty_to_cpp(ty)
+
+        def __getattr__(self, name):
+            raise AttributeError(f"compile-only driver has no {name}")
+
+    driver.set_active(FakeDriver())
+    original = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        kernel = original(self, *args, grid=grid, warmup=True, **kwargs)
+        COMPILED.append((self.fn.__name__, kernel))
+        return kernel
+
+    JITFunction.run = run
+
+
+def attention_cases(full: bool):
+    """Decode (both kernels) and, with `full`, prefill over the formats and head dims."""
+    from kvtax.attention import triton_api as ta
+    from kvtax.cache import FullCache, SlidingCache
+
+    specs = ["fp16", "bf16", "int8", "int4", "fp8", "k8v4", "int4-g32"]
+    grid = [(s, 128, 4, 1, dt, sl) for s in specs for dt in (torch.float16, torch.bfloat16)
+            for sl in (False, True)]
+    grid += [(s, d, 8, 1, torch.float16, False) for s, d in
+             (("int8-g16", 80), ("int4-g32", 96), ("int4", 64), ("int8", 256), ("fp8", 64))]
+    if full:
+        grid += [(s, 128, 4, n, torch.float16, False) for s in specs for n in (5, 300)]
+    for spec, d, group, n_q, dtype, sliding in grid:
+        k = torch.randn(1, 2, 300, d, dtype=dtype)
+        cache = (SlidingCache(spec, window=128, sinks=4, max_chunk=300) if sliding
+                 else FullCache(spec))
+        cache.fused_store = False  # the store kernel is checked separately
+        cache.append(k, k)
+        q = torch.randn(1, 2 * group, n_q, d, dtype=dtype)
+        name = f"attn {spec} D{d} G{group} L{n_q} {dtype} sliding={sliding}"
+        yield name, lambda q=q, v=cache.view(): ta.triton_attention(q, v)
+
+
+def sweep_cases():
+    """benchmarks/attention.py's decode sweep variants (launch options differ)."""
+    import attention as bench  # noqa: F401 (benchmarks/ is on sys.path)
+
+    from kvtax.attention import triton_api as ta
+    from kvtax.cache import FullCache
+
+    for spec in ("int8", "int4", "fp8", "fp16"):
+        cache = FullCache(spec)
+        cache.fused_store = False
+        cache.append(*(torch.randn(1, 8, 4096, 128, dtype=torch.bfloat16),) * 2)
+        q = torch.randn(1, 32, 1, 128, dtype=torch.bfloat16)
+        for tag in bench.SWEEP_DECODE:
+            cfg = bench.sweep_config(tag, q, cache.view(), None)
+            yield f"sweep {spec}@{tag}", lambda q=q, v=cache.view(), c=cfg: ta.triton_attention(q, v, config=c)
+
+
+def store_cases():
+    from kvtax.cache import FullCache
+
+    for spec, d, dtype, t in itertools.product(
+        ["fp16", "int8", "int4", "fp8", "k8v4", "int8-g32", "int4-g16"], [80, 128],
+        [torch.float16, torch.bfloat16], [1],
+    ):
+        group = int(spec.rsplit("-g", 1)[1]) if "-g" in spec else 64
+        if spec not in ("fp16", "fp8") and d % group:
+            continue
+        cache = FullCache(spec, capacity=64)
+        cache.fused_store = True
+        k = torch.randn(1, 2, t, d, dtype=dtype)
+        yield f"store {spec} D{d} {dtype} T{t}", lambda c=cache, k=k: c.append(k, k)
+
+
+def _resources(kernel) -> str:
+    """Registers / spill stack / static shared memory of a compiled kernel (cuobjdump)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    cubin = kernel.asm.get("cubin")
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not cubin or not os.path.exists(tool):
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    found = dict(re.findall(r"(REG|STACK):(\d+)", out))
+    return f"regs={found.get('REG', '?')} stack={found.get('STACK', '?')}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", type=int, default=90)
+    p.add_argument("--only", choices=["attention", "sweep", "store"], default=None)
+    p.add_argument("--full", action="store_true", help="also the prefill path")
+    p.add_argument("-v", action="store_true", help="print tracebacks")
+    args = p.parse_args()
+    _compile_only(args.arch)
+    print(f"triton {triton.__version__}, target sm_{args.arch}")
+    from kvtax.attention import triton_api as ta
+
+    checks = ta._unsupported
+    ta._unsupported = lambda q, view, allow_cpu: checks(q, view, True)  # CPU tensors
+    from kvtax.formats import store_triton
+
+    store_triton._interpreting = lambda: True  # let the store wrapper take CPU tensors
+    failed = 0
+    cases = []
+    if args.only in (None, "attention"):
+        cases += list(attention_cases(args.full))
+    if args.only in (None, "sweep"):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        cases += list(sweep_cases())
+    if args.only in (None, "store"):
+        cases += list(store_cases())
+    seen = set()
+    for name, fn in cases:
+        COMPILED.clear()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - report every failing variant
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+            if args.v:
+                traceback.print_exc()
+            continue
+        for kname, k in COMPILED:
+            key = (kname, k.hash if hasattr(k, "hash") else id(k))
+            if key in seen:
+                continue
+            seen.add(key)
+            print(f"ok   {name}: {kname} {_resources(k)}", flush=True)
+    print(f"{len(cases) - failed}/{len(cases)} cases compiled")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
