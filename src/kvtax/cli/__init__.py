@@ -17,6 +17,7 @@ COMMANDS = [
     "kvtax.cli.roofline",
     "kvtax.cli.generate",
     "kvtax.cli.recall",
+    "kvtax.cli.quality",
     "kvtax.cli.report",
 ]
 

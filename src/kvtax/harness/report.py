@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from kvtax.harness import report_plots as plots
+from kvtax.harness.quality_report import section_quality
 from kvtax.harness.report_compare import METRICS, compare_table, section_compare
 from kvtax.harness.report_data import gather
 from kvtax.harness.report_markdown import (
@@ -29,6 +30,7 @@ from kvtax.harness.report_markdown import (
     section_recall,
     section_roofline,
 )
+from kvtax.harness.store import read_rows
 
 FIGURES = "figures"
 
@@ -77,6 +79,7 @@ def write_report(
     lines += section_memory(bench, figs)
     lines += section_cost(bench, price_per_hour)
     lines += section_recall(data["recall"], figs, data["config"])
+    lines += section_quality(read_rows(run_dir))
     lines += section_roofline(data["roofline"])
     lines += section_failures(data["failures"])
     lines += section_claims(bench)

@@ -1,0 +1,66 @@
+"""Attention over a hybrid cache: fp16 sinks + recent window, quantized body, merged by LSE.
+
+A `HybridView` is a list of parts, each a `CacheView` plus the extra masks that make
+the parts' visible key sets disjoint for every query (see kvtax.cache.hybrid). Each part
+is read as stored (no dequantized copy of the whole cache) by `attention_lse`, and the
+partial results are merged exactly with `merge_lse`.
+
+`hybrid_attention` has the signature of `kvtax.attention.attention`, so a model layer's
+`attn_fn` can be set to it: plain `CacheView`s go straight to `attention`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvtax.attention.dispatch import attention
+from kvtax.attention.lse import attention_lse, merge_lse
+from kvtax.attention.view import CacheView
+
+
+@dataclass(frozen=True)
+class HybridPart:
+    """One part of a hybrid cache: its view and the keys it may show each query."""
+
+    view: CacheView
+    min_distance: int = 0  # a query at p reads a key at k only if p - k >= min_distance
+    min_key: int = 0       # ... and only if k >= min_key
+
+
+@dataclass(frozen=True)
+class HybridView:
+    """What attention reads from a `HybridCache`: parts whose visible keys are disjoint."""
+
+    parts: tuple[HybridPart, ...]
+    length: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.parts[0].view.head_dim
+
+
+def hybrid_attention(
+    q: torch.Tensor,
+    view: "CacheView | HybridView",
+    *,
+    scale: float | None = None,
+    softcap: float | None = None,
+    **kwargs: object,
+) -> torch.Tensor:
+    """`attention(q, view)` for a plain view; for a HybridView the LSE merge of its parts.
+
+    q `[B, H_q, L, D]` → `[B, H_q, L, D]` in q.dtype (queries are the last L positions).
+    """
+    if isinstance(view, CacheView):
+        return attention(q, view, scale=scale, softcap=softcap, **kwargs)  # type: ignore[arg-type]
+    if kwargs:
+        raise ValueError(f"hybrid attention takes no {sorted(kwargs)}")
+    parts = [
+        attention_lse(q, p.view, scale=scale, softcap=softcap, min_distance=p.min_distance,
+                      min_key=p.min_key)
+        for p in view.parts
+    ]
+    out, _ = merge_lse(parts)
+    return out.to(q.dtype)

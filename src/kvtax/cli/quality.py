@@ -1,0 +1,121 @@
+"""`kvtax quality`: how much a quantized KV cache changes a model's next-token predictions.
+
+For each context c, the first c + 1 tokens of a text are run teacher-forced (chunked
+prefill through the caches) once with fp16 KV and once per format. Over the last N
+positions (--tail) each format's row reports, against the fp16-KV run of the same model:
+mean KL(fp16 || format) in nats (also its max, median and standard error), top-1
+agreement (fraction of positions where both pick the same token), perplexity of the
+text's real next tokens and its delta (and both over all c positions), and per layer the
+relative error ||o - o_fp16|| / ||o_fp16|| of attention outputs over the same q and the
+run's own K/V (an fp16 shadow cache of each layer; per query head too).
+
+Formats: fp16 bf16 fp8 int8 int4 (int-g<group>), K/V pairs (k8v4), Hadamard rotation
+(+hk keys, +hkv keys and values), and fp16 sink/recent tokens around a quantized body:
+<spec>@s<S>r<R>, e.g. int4+hk@s4r128 keeps positions 0..3 and each query's 128 nearest
+keys in fp16 and reads the rest from int4.
+
+Rows (kind "quality") go to a new run folder; `kvtax report RUN` renders the tables.
+
+Examples:
+  kvtax quality --model tiny --contexts 256 --kv int8,int4          # smoke test, random weights
+  kvtax quality --model SmolLM2-135M-Instruct.Q4_1.gguf --contexts 512,2048 \\
+      --kv int8,int4,int4+hk,int4+hkv,int4+hk@s4r128,k8v4
+  kvtax quality --resume runs/20260101T000000Z-quality             # finish an interrupted run
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "quality",
+        help="KL, top-1 agreement, perplexity and per-layer attention error of KV formats "
+             "against the fp16-KV run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="tiny",
+                   help="built-in config name (random weights), HF folder, .gguf file or hub id "
+                        "(default tiny)")
+    p.add_argument("--contexts", default="512,2048",
+                   help="comma-separated context lengths in tokens (default 512,2048)")
+    p.add_argument("--kv", default="int8,int4,int4+hk",
+                   help="comma-separated KV formats compared with the baseline (default "
+                        "int8,int4,int4+hk)")
+    p.add_argument("--tail", type=int, default=128,
+                   help="scored positions: the last N of each context (default 128)")
+    p.add_argument("--text", default=None,
+                   help="text file to score (default: the prose of CPython's "
+                        "pydoc_data/topics.py)")
+    p.add_argument("--baseline", default="fp16",
+                   help="KV format of the reference run (default fp16)")
+    p.add_argument("--sliding-kv", default=None,
+                   help="KV format of sliding-window layers (default: the arm's format)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--dtype", default=None,
+                   help="model dtype: float32, bfloat16, float16 (default float32 on CPU, "
+                        "bfloat16 on CUDA)")
+    p.add_argument("--chunk-size", type=int, default=256,
+                   help="prefill chunk in tokens; logits of a whole chunk are held at once "
+                        "(default 256)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--out", default="runs", help="folder that receives the run folder "
+                   "(default runs)")
+    p.add_argument("--name", default="quality", help="run folder name suffix (default quality)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue a run folder: cells with a row are skipped")
+    p.add_argument("--no-report", action="store_true", help="skip report.md at the end")
+    p.set_defaults(func=run)
+
+
+def _command(args: argparse.Namespace, dtype: str) -> str:
+    """The command line that reproduces this run, every default spelled out."""
+    words = ["kvtax", "quality", "--model", args.model, "--contexts", args.contexts,
+             "--kv", args.kv, "--tail", str(args.tail), "--baseline", args.baseline,
+             "--device", args.device, "--dtype", dtype, "--chunk-size", str(args.chunk_size)]
+    for flag, value in (("--text", args.text), ("--sliding-kv", args.sliding_kv)):
+        if value is not None:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from kvtax.errors import FormatError
+    from kvtax.harness.quality import QualityConfig, QualityInputError, run_quality
+    from kvtax.harness.quality_report import quality_text_table
+    from kvtax.harness.store import read_rows
+
+    if args.threads is not None:
+        torch.set_num_threads(max(1, args.threads))
+    try:
+        contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
+    except ValueError:
+        print(f"--contexts takes integers like 512,2048, not {args.contexts!r}", file=sys.stderr)
+        return 2
+    kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    cfg = QualityConfig(
+        model=args.model, contexts=contexts, kvs=kvs, tail=args.tail, text=args.text,
+        baseline=args.baseline, sliding_kv=args.sliding_kv, device=args.device, dtype=dtype,
+        chunk_size=args.chunk_size, command=_command(args, dtype),
+    )
+    try:
+        run_dir = run_quality(cfg, args.out, name=args.name, resume=args.resume)
+    except (QualityInputError, FormatError, FileNotFoundError) as exc:
+        print(f"kvtax quality: {exc}", file=sys.stderr)
+        return 2
+    print()
+    print(quality_text_table(read_rows(run_dir)))
+    if not args.no_report:
+        from kvtax.harness.report import write_report
+
+        print(f"report: {write_report(run_dir)}")
+    print(f"run folder: {run_dir}")
+    return 0

@@ -1,0 +1,93 @@
+"""Mixed-precision KV: sink and recent tokens kept unquantized, the body quantized.
+
+Quantization error hurts most where attention concentrates: the first few tokens (the
+"attention sinks" most heads park probability on) and the most recent ones. A hybrid spec
+keeps the first `sinks` positions and, for each query, its `recent` nearest keys in an
+unquantized format (fp16), and reads every other key from the quantized body.
+
+Grammar (case-insensitive): `<spec>@s<S>r<R>`, either number may be left out:
+  int4+hk@s4r128   Hadamard-rotated int4 body, 4 fp16 sinks, 128 fp16 recent tokens
+  int4@r64         no sinks, 64 recent tokens
+  k8v4@s16         16 sinks, no recent window
+
+    >>> spec = parse_kv("int4+hk@s4r128")
+    >>> spec.base.name, spec.sinks, spec.recent
+    ('int4+hk', 4, 128)
+    >>> parse_kv("int8")            # no '@': a plain KVSpec
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from kvtax.errors import FormatError
+from kvtax.formats.spec import KVSpec
+
+_SUFFIX_RE = re.compile(r"^(?:s(?P<s>\d+))?(?:r(?P<r>\d+))?$")
+
+
+@dataclass(frozen=True)
+class HybridSpec:
+    """A quantized body spec plus `sinks` leading and `recent` trailing fp16 tokens.
+
+    base:   the body's KVSpec (e.g. int4+hk).
+    sinks:  positions `[0, sinks)` are read unquantized by every query.
+    recent: a query at position p reads keys `(p - recent, p]` unquantized.
+    exempt: the unquantized format of sinks and recent tokens (fp16).
+    """
+
+    base: KVSpec
+    sinks: int = 0
+    recent: int = 0
+    exempt: KVSpec = field(default_factory=lambda: KVSpec.parse("fp16"))
+
+    def __post_init__(self) -> None:
+        if self.sinks < 0 or self.recent < 0:
+            raise FormatError(f"sinks and recent must be >= 0, got {self.sinks}, {self.recent}")
+
+    @property
+    def name(self) -> str:
+        parts = f"s{self.sinks}" if self.sinks else ""
+        parts += f"r{self.recent}" if self.recent else ""
+        return f"{self.base.name}@{parts}" if parts else self.base.name
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.base.is_quantized
+
+    def check(self, head_dim: int) -> None:
+        self.base.check(head_dim)
+        self.exempt.check(head_dim)
+
+    def bytes_for(self, tokens: int, head_dim: int,
+                  model_dtype: torch.dtype = torch.float16) -> int:
+        """Resident K+V bytes of one KV head holding `tokens` tokens (full-attention layer):
+        the body stores every token, the exempt part the sinks and the recent window."""
+        exempt = min(tokens, self.sinks) + min(max(tokens - self.sinks, 0), self.recent)
+        return (tokens * self.base.bytes_per_token(head_dim, model_dtype)
+                + exempt * self.exempt.bytes_per_token(head_dim, model_dtype))
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
+    """A KVSpec for a plain name, a HybridSpec for `<spec>@s<S>r<R>`; FormatError otherwise."""
+    if isinstance(text, (KVSpec, HybridSpec)):
+        return text
+    raw = str(text).strip().lower().replace(" ", "")
+    base, at, suffix = raw.partition("@")
+    if not at:
+        return KVSpec.parse(raw)
+    m = _SUFFIX_RE.match(suffix)
+    if not m or not suffix:
+        raise FormatError(
+            f"spec {text!r}: after '@' write s<sinks>r<recent>, e.g. int4+hk@s4r128, int4@r64"
+        )
+    spec = KVSpec.parse(base)
+    if not spec.is_quantized:
+        raise FormatError(f"spec {text!r}: the body {spec.name} is not quantized; drop the '@…'")
+    return HybridSpec(spec, int(m["s"] or 0), int(m["r"] or 0))
