@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     for kv in kvs:
         parse_kv(kv.split("/")[0])  # FormatError names the valid formats
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    args.engine = "kvtax"  # hybrid caches live in the kvtax runner only
     command = recall_cli._command(args, dtype)
     command = PROG + command[len("kvtax recall"):]
     cfg = RecallConfig(
