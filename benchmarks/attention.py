@@ -59,6 +59,8 @@ SWEEP_DECODE = {
     "r168sm12": dict(maxnreg=168, per_sm=12), "r128sm16": dict(maxnreg=128, per_sm=16),
     "n16r128sm16": dict(block_n=16, maxnreg=128, per_sm=16),
     "n16r168sm12": dict(block_n=16, maxnreg=168, per_sm=12),
+    "bytes": dict(v_pairs=False), "n64r168sm12": dict(block_n=64, maxnreg=168, per_sm=12),
+    "sm10": dict(per_sm=10),
 }
 SWEEP_PREFILL = {
     "n64": dict(block_n=64), "n128": dict(block_n=128), "f32math": dict(f16_math=False),

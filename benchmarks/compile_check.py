@@ -90,6 +90,31 @@ def attention_cases(full: bool):
         yield name, lambda q=q, v=cache.view(): ta.triton_attention(q, v)
 
 
+def hybrid_cases(full: bool):
+    """triton_attention_lse over a hybrid cache's parts (kvtax.attention.hybrid): the
+    quantized body with the min_distance / min_key masks and the fp16 sink/recent ring,
+    both returning the log-sum-exp (decode kernels + reduce; with `full`, prefill)."""
+    from kvtax.attention import triton_api as ta
+    from kvtax.cache.hybrid import HybridCache
+
+    grid = [(s, d, 1, dt) for s in ("int4-g32+hk@s4r128", "int8@s4r128")
+            for d in (64, 128) for dt in (torch.float16, torch.bfloat16)]
+    if full:
+        grid += [(s, 128, n, torch.float16) for s in ("int4-g32+hk@s4r128", "int8@s4r128")
+                 for n in (5, 300)]
+    for spec, d, n_q, dtype in grid:
+        cache = HybridCache(spec, max_chunk=300)
+        for part in cache.parts:
+            part.fused_store = False  # the store kernel is checked separately
+        k = torch.randn(1, 2, 300, d, dtype=dtype)
+        cache.append(k, k)
+        q = torch.randn(1, 8, n_q, d, dtype=dtype)
+        for i, part in enumerate(cache.view().parts):
+            name = f"lse {spec} part{i} D{d} G4 L{n_q} {dtype}"
+            yield name, lambda q=q, p=part: ta.triton_attention_lse(
+                q, p.view, min_distance=p.min_distance, min_key=p.min_key)
+
+
 def sweep_cases():
     """benchmarks/attention.py's decode sweep variants (launch options differ)."""
     import attention as bench  # noqa: F401 (benchmarks/ is on sys.path)
@@ -162,6 +187,7 @@ def main() -> int:
     cases = []
     if args.only in (None, "attention"):
         cases += list(attention_cases(args.full))
+        cases += list(hybrid_cases(args.full))
     if args.only in (None, "sweep"):
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         cases += list(sweep_cases())

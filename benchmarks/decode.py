@@ -60,6 +60,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="buffer for the bandwidth probe in MiB (default 4096 CUDA, 256 CPU)")
     p.add_argument("--max-cell-seconds", type=float, default=60.0,
                    help="stop timing a cell after this long (slow fallback paths; default 60)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also profile N eager decode steps per cell: GPU kernel time per "
+                        "step by kind (GEMM, attention, cache store, norm, other) and the "
+                        "launch count, to see where the time over the roofline goes")
     p.add_argument("--out", type=Path, default=None, help="write rows + run metadata as JSON")
     return p.parse_args(argv)
 
@@ -115,7 +119,7 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace) -> dict:  # noq
     """Fill a cache to `ctx` tokens with random K/V, then time real decode steps."""
     dev = model.embed.weight.device
     runner = Runner(model, kv=kv, cuda_graph=False if args.no_cuda_graph else None)
-    caches = runner.make_caches(capacity=ctx + args.warmup + args.tokens + 1)
+    caches = runner.make_caches(capacity=ctx + args.warmup + args.tokens + args.profile + 2)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     try:
@@ -125,7 +129,9 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace) -> dict:  # noq
         for _ in range(args.warmup):
             tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
         times = _time_steps(runner, caches, tok, args.tokens, args.max_cell_seconds)
+        prof = kernel_breakdown(runner, caches, tok, args.profile) if args.profile else {}
         return {
+            **prof,
             "kv_bytes": kv_bytes,
             "cache_bytes": sum(c.nbytes for c in caches),
             "ms_median": statistics.median(times),
@@ -139,6 +145,56 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace) -> dict:  # noq
     finally:
         runner.release_graph()
         del caches
+
+
+# kernel name → kind, first match wins (cuBLAS/CUTLASS GEMV-GEMM names vary by version)
+_KINDS = (
+    ("attention", ("_decode_", "_prefill_attn", "_reduce_kernel")),
+    ("store", ("_quantize_store", "_store_")),
+    ("gemm", ("gemv", "gemm", "cutlass", "xmma", "sm90_", "cublas", "splitk", "matmul")),
+    ("norm", ("rms_norm", "rmsnorm", "norm")),
+)
+
+
+def kernel_breakdown(runner, caches, tok, n: int) -> dict:  # noqa: ANN001
+    """GPU kernel time per decode step by kind, from torch.profiler over `n` eager steps.
+
+    Eager (the graph hides its kernels from the profiler) but the kernels are the same
+    ones the graph replays; what the graph adds or removes is the gaps between them, so
+    `graph ms/token - kernel_ms_per_step` is the launch/idle overhead inside the graph.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    if not tok.is_cuda or n <= 0:
+        return {}
+    saved, runner.cuda_graph = runner.cuda_graph, False
+    try:
+        runner.decode_step(tok, caches)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
+            torch.cuda.synchronize()
+    finally:
+        runner.cuda_graph = saved
+    by_kind: dict[str, float] = {}
+    launches = 0
+    top: dict[str, float] = {}
+    for evt in prof.key_averages():
+        us = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
+        if not us or evt.key.startswith(("cudaLaunch", "cuLaunch", "Memcpy", "Memset")):
+            continue
+        name = evt.key.lower()
+        kind = next((k for k, keys in _KINDS if any(x in name for x in keys)), "other")
+        by_kind[kind] = by_kind.get(kind, 0.0) + us / 1000 / n
+        launches += evt.count
+        top[evt.key[:80]] = top.get(evt.key[:80], 0.0) + us / 1000 / n
+    return {
+        "kernel_ms_per_step": sum(by_kind.values()),
+        "kernel_ms_by_kind": {k: round(v, 4) for k, v in sorted(by_kind.items())},
+        "launches_per_step": launches / n,
+        "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:12]),
+    }
 
 
 def fill_random(caches, model, ctx: int, batch: int, chunk: int = 8192) -> None:  # noqa: ANN001
@@ -243,8 +299,13 @@ def markdown_table(rows: list[dict]) -> str:
 def _row_line(r: dict) -> str:
     if "error" in r:
         return f"ctx {r['context']:>7} {r['kv']:>6}: {r['error']}"
-    return (f"ctx {r['context']:>7} {r['kv']:>6}: {r['ms_median']:.3f} ms/token, roofline "
+    line = (f"ctx {r['context']:>7} {r['kv']:>6}: {r['ms_median']:.3f} ms/token, roofline "
             f"{r['roofline_ms']:.3f} ms ({100 * r['roofline_fraction']:.0f}%)")
+    if "kernel_ms_per_step" in r:
+        kinds = ", ".join(f"{k} {v:.3f}" for k, v in r["kernel_ms_by_kind"].items())
+        line += (f"; kernels {r['kernel_ms_per_step']:.3f} ms/step ({kinds}), "
+                 f"{r['launches_per_step']:.0f} launches")
+    return line
 
 
 def _device_name(dev: torch.device) -> str:

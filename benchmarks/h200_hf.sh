@@ -6,6 +6,13 @@
 #   device:  OUT=$OUT bash benchmarks/h200_hf.sh         (run's timeout_s 450, carry ["wheels"])
 #   dry run: OUT=/tmp/hf-dry CONFIG=tiny CONTEXT=64 NEW_TOKENS=4 DEVICE=cpu MODES=eager,static \
 #              bash benchmarks/h200_hf.sh
+#   profile: PROFILE=1 OUT=$OUT bash benchmarks/h200_hf.sh   (run's timeout_s 300, no carry):
+#            benchmarks/hf_profile.py instead: StaticCache vs kvtax int8, compiled
+#            (reduce-overhead), a few decode steps under torch.profiler -> $OUT/profile/
+#            summary.txt (ms/step, kernels and launches per step, top kernels, cudagraph
+#            skips, recompiles); PROFILE_ARGS adds flags (e.g. "--arms static,kvtax-int8,
+#            kvtax-int4 --trace"). Dry run: PROFILE=1 OUT=/tmp/p CONFIG=tiny CONTEXT=64
+#            DEVICE=cpu PROFILE_ARGS="--backend aot_eager" bash benchmarks/h200_hf.sh
 #
 # wheels/ holds optimum_quanto-0.2.7-py3-none-any.whl (its needs: torch, ninja, numpy,
 # safetensors, huggingface_hub are on the machine); it is installed into $SITE with no
@@ -39,6 +46,16 @@ export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 export KVTAX_QUANTO_BUILD=${KVTAX_QUANTO_BUILD:-/tmp/kvtax-quanto}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 mkdir -p "$OUT"
+if [[ ${PROFILE:-0} == 1 ]]; then
+  t0=$SECONDS
+  # shellcheck disable=SC2086  # PROFILE_ARGS is a list of flags
+  timeout -s KILL "${PROFILE_HARD_S:-280}" python3 benchmarks/hf_profile.py --device "$DEVICE" \
+    --config "$CONFIG" --context "$CONTEXT" --out "$OUT/profile" ${PROFILE_ARGS:-} \
+    2>&1 | tee "$OUT/hf_profile.log"
+  rc=${PIPESTATUS[0]}
+  echo "[h200_hf] hf_profile.py ended after $((SECONDS - t0)) s (rc $rc)"
+  exit "$rc"
+fi
 if ls "$ROOT"/wheels/*.whl >/dev/null 2>&1; then
   # Installed once per $SITE (a reinstall would drop quanto's extension builds there).
   [[ -f $SITE/.kvtax-wheels && $(cat "$SITE/.kvtax-wheels") == "$(ls "$ROOT"/wheels)" ]] ||

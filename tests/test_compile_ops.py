@@ -62,3 +62,41 @@ def test_compiled_decode_step_has_no_graph_break(spec, sliding):
             assert torch.equal(a[:, :, :n], b[:, :, :n])
     ref = ke.attention_blockwise(q.float(), dataclasses.replace(eager.view(), length=61))
     ke.assert_close(got.float(), ref, atol=2e-2, rel_rms=4e-3, what=f"compiled-{spec}")
+
+
+def test_op_bodies_cache_their_launch_setup(monkeypatch):
+    """The ops run once per layer per compiled decode step: the attention op derives its
+    launch configuration once per layout, the store op its checked launch plan, and a
+    cached call gives what a fresh one gives."""
+    from kvtax.attention import triton_api
+    from kvtax.formats import store_triton
+
+    cache, _ = _caches("int8", sliding=False)
+    s, view = cache.store, cache.view()
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 8, 1, 64, generator=gen).to(DEVICE, torch.float16)
+    k = torch.randn(1, 2, 1, 64, generator=gen).to(DEVICE, torch.float16)
+    length = torch.tensor([61], dtype=torch.int32, device=DEVICE)
+    pos = torch.tensor([60], dtype=torch.int64, device=DEVICE)
+    triton_api._OP_CONFIGS.clear()
+    store_triton._OP_PLANS.clear()
+    configs, plans = [], []
+    monkeypatch.setattr(triton_api, "launch_config",
+                        lambda *a, _f=triton_api.launch_config: configs.append(1) or _f(*a))
+    monkeypatch.setattr(store_triton, "_plan",
+                        lambda *a, _f=store_triton._plan: plans.append(1) or _f(*a))
+    outs = []
+    for _ in range(3):
+        torch.ops.kvtax.quantize_store.default(k, k.flip(-1), *s.k, *s.v, "int8", pos, 0, 0, 0,
+                                               False)
+        outs.append(torch.ops.kvtax.attention.default(
+            q, *s.k, *s.v, length, None, "int8", 64, cache.capacity, 0, 0, -1, torch.float16,
+            -1.0, 0.0))
+    assert len(configs) == 1 and len(triton_api._OP_CONFIGS) == 1
+    assert len(plans) == 1 and len(store_triton._OP_PLANS) == 1
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    cache.check_finite = False
+    cache.length = 61  # the op wrote token 60; the reference reads it through the view
+    ref = ke.attention_blockwise(q.float(), dataclasses.replace(cache.view(), length=61))
+    ke.assert_close(outs[0].float(), ref, atol=2e-2, rel_rms=4e-3, what="cached ops")
+    del view

@@ -127,7 +127,38 @@ def test_compiled_decode_graphs_have_static_shapes(kernels_everywhere, monkeypat
     seq, scores = _generate(model, cache, ids, new=8, compile_config=config)
     torch._dynamo.reset()
     assert graphs and all(not g for g in graphs), graphs  # no SymInt among the inputs
-    assert len(graphs) <= 2  # one recompile: the host count falls behind after step one
+    assert len(graphs) == 1  # no recompile: the compiled step reads no host token count
     assert torch.equal(seq, eager_seq)
     assert_close(scores, eager_scores, atol=1e-5, rel_rms=1e-5, what="compiled")
     assert cache.get_seq_length() == PROMPT + 8 - 1  # eager reads bring the host count back
+
+
+def test_static_cache_tensors_are_marked_static_and_counts_are_not_read_back(monkeypatch) -> None:
+    """Every tensor a compiled decode step mutates or reads from a preallocated KVTaxCache
+    (codes, scales, biases of every layer, the device counters) has a fixed address marked
+    for CUDA graphs; while compiled steps run ahead of the host count, the sizes
+    transformers asks for every step come without a device read (a GPU stall)."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("gemma3", window=6)).eval()
+    cache = KVTaxCache(model.config, kv="int8", max_cache_len=PROMPT + NEW, prefill_chunk=4)
+    with installed(model), torch.no_grad():
+        model(torch.randint(1, 97, (1, PROMPT)), **{cache_kwarg(model): cache})
+    for layer in cache.layers:
+        store = layer.cache.store
+        tensors = layer.positions.static_tensors()
+        parts = [*store.k.parts(), *store.v.parts()]
+        assert len(parts) == 6  # int8: codes, scales, biases for K and V
+        assert all(any(t is p for t in tensors) for p in parts)
+        for t in tensors:
+            assert getattr(t, "_dynamo_static_input_type", None) is not None
+        assert layer.positions.view.length == store.capacity  # the pinned decode view
+
+    def no_read(self):
+        raise AssertionError("a device count was read back")
+
+    for layer in cache.layers:
+        layer.positions.behind = True  # as after compiled decode steps
+    monkeypatch.setattr(DevicePositions, "reconcile", no_read)
+    for i, layer in enumerate(cache.layers):
+        assert cache.get_seq_length(i).item() == PROMPT  # the device count, as a tensor
+        assert cache.get_mask_sizes(1, i) == (layer.cache.capacity, 0)

@@ -210,6 +210,24 @@ def test_decode_rescaling_across_tiles(spec, grow):
                     what=f"rescale-{grow}-{spec}")
 
 
+@pytest.mark.parametrize("variant", ["bytes"])
+@pytest.mark.parametrize(
+    "spec, d, group, n_q, ctx, window",
+    [("int8", 128, 4, 1, 130, None), ("int4", 64, 4, 2, 75, None), ("fp8", 64, 2, 1, 70, None),
+     ("k8v4", 128, 4, 1, 40, 24), ("fp16", 64, 8, 1, 45, None), ("int4-g32", 64, 1, 5, 99, None)],
+)
+def test_decode_variants(variant, spec, d, group, n_q, ctx, window):
+    """The warp-decode launch variant the H200 sweep times against the default
+    (benchmarks/attention.py): V read as bytes instead of uint16 pairs."""
+    from kvtax.attention.triton_api import warp_decode_config
+
+    q, view = build(spec, d=d, h_kv=2, group=group, ctx=ctx, n_q=n_q, window=window,
+                    sinks=2 if window else 0)
+    cfg = warp_decode_config(q, view, block_n=16, v_pairs=False)
+    assert cfg.kernel == "warp" and not cfg.v_pairs
+    check(q, view, what=f"{variant}-{spec}", config=cfg)
+
+
 def test_unsupported_calls_say_why():
     q, view = build("int8", d=64, h_kv=1, group=2, ctx=17, n_q=1)
     # callers choosing a path (dispatch, the runner) see CPU tensors as unsupported

@@ -57,14 +57,19 @@ def attention(
         return unrotate_output(out, view)
     if impl == "triton":
         raise RuntimeError(f"Triton attention cannot run this call: {reason}")
+    warn_reference_once(q, reason, "attention", stacklevel=3)
+    return attention_blockwise(q, view, **ref)
+
+
+def warn_reference_once(q: torch.Tensor, reason: str, what: str, stacklevel: int = 2) -> None:
+    """Say once per reason that CUDA `what` runs the torch reference (slower) and why."""
     if q.is_cuda and reason not in _warned:
         _warned.add(reason)
         warnings.warn(
-            f"kvtax: using the torch reference attention on CUDA ({reason}); "
+            f"kvtax: using the torch reference for {what} on CUDA ({reason}); "
             "it is correct but slower than the fused kernels",
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
-    return attention_blockwise(q, view, **ref)
 
 
 def uses_kernels(

@@ -3,6 +3,7 @@
     >>> from kvtax.attention.triton_api import triton_attention, unsupported_reason
     >>> unsupported_reason(q, cache.view())          # None: the kernels can serve it
     >>> out = triton_attention(q, cache.view())      # q [B, H_q, L, D] → [B, H_q, L, D]
+    >>> out, lse = triton_attention_lse(q, view, min_distance=128)  # a hybrid cache's part
 
 L <= 16 query rows take the split-KV decode kernel plus a reduction; longer chunks take
 the prefill kernel. Both read the cache's quantized storage directly and dequantize
@@ -29,7 +30,7 @@ from kvtax.attention.kernels.decode import _decode_attn_split_kernel
 from kvtax.attention.kernels.decode_warp import _decode_warp_kernel
 from kvtax.attention.kernels.prefill import _prefill_attn_fwd_kernel
 from kvtax.attention.kernels.reduce import _decode_attn_reduce_kernel
-from kvtax.attention.reference import check_kv_start, check_query
+from kvtax.attention.reference import check_kv_start, check_query, rotate_query, unrotate_output
 from kvtax.attention.view import CacheView
 from kvtax.errors import ShapeError
 from kvtax.formats import AffineFormat, FloatFormat, FP8Format, KVFormat, KVSpec, QTensor
@@ -39,7 +40,8 @@ MAX_DECODE_ROWS = 16  # query rows served by the decode kernel
 MAX_DECODE_TILE = 128  # G * L rows packed into one decode program
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-# Test hook: fill split-KV partials with NaN before each launch so unwritten ones show.
+# Test hook: fill split-KV partials (and triton_attention_lse's outputs) with NaN before
+# each launch so unwritten ones show.
 POISON_WORKSPACE = False
 
 
@@ -57,6 +59,7 @@ class LaunchConfig:
     f16_math: bool = True  # fp16 models dequantize in fp16
     kernel: str = "tile"  # decode: "warp" (decode_warp.py, one warp per split) or "tile"
     maxnreg: int | None = None  # register cap per thread (more resident warps), or None
+    v_pairs: bool = True  # warp decode: int8/int4 V read as uint16 pairs where possible
 
 
 def _interpreting() -> bool:
@@ -150,7 +153,7 @@ def launch_config(
 def warp_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     block_n: int = 32, per_sm: int = 8, num_stages: int = 3, num_warps: int = 1,
-    maxnreg: int | None = None,
+    maxnreg: int | None = None, v_pairs: bool = True,
 ) -> LaunchConfig:
     """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
     wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
@@ -160,7 +163,7 @@ def warp_decode_config(
     want = triton.cdiv(per_sm * _sm_count(q.device), bh)
     splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
     return LaunchConfig("decode", 16, block_n, num_warps, num_stages, splits, kernel="warp",
-                        maxnreg=maxnreg)
+                        maxnreg=maxnreg, v_pairs=v_pairs)
 
 
 def tile_decode_config(
@@ -223,11 +226,62 @@ def triton_attention(
                              kv_start=kv_start, out=out, config=config)
 
 
+def triton_attention_lse(
+    q: torch.Tensor,
+    view: CacheView,
+    *,
+    scale: float | None = None,
+    softcap: float | None = None,
+    min_distance: int = 0,
+    min_key: int = 0,
+    config: LaunchConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kvtax.attention.lse.attention_lse` on the fused kernels (one part of a hybrid cache).
+
+    q `[B, H_q, L, D]` (the last L positions) over `view`, which may be Hadamard-rotated
+    (`+hk`: q is rotated here; `+hkv`: the output is rotated back). Keys closer than
+    `min_distance` to a query, or at positions < `min_key`, are hidden on top of the
+    view's causal/window/sink rule. Returns `(out, lse)`: out `[B, H_q, L, D]` float32 in
+    the model's value domain, lse `[B, H_q, L]` float32 (natural log of the sum of
+    exp(scaled, soft-capped scores)); a row that sees no key has out 0 and lse -inf.
+    Raises ShapeError where the kernels cannot serve the call (`unsupported_reason`).
+
+    Example:
+        o_fp, l_fp = triton_attention_lse(q, fp16_part_view)
+        o_q, l_q = triton_attention_lse(q, body_view, min_distance=128, min_key=4)
+        out, _ = merge_lse([(o_fp, l_fp), (o_q, l_q)])
+    """
+    rows = tuple(q.shape[:3]) if q.dim() == 4 else (0, 0, 0)
+    out = _workspace(tuple(q.shape), q.device)  # float32: the merge stays exact
+    lse = _workspace(rows, q.device)
+    _triton_attention(rotate_query(q, view), view, scale=scale, softcap=softcap, out=out,
+                      config=config, lse=lse, min_distance=min_distance, min_key=min_key)
+    return unrotate_output(out, view), lse
+
+
 # torch.compile sees the kernels as one opaque op: Inductor re-specializes user Triton
 # kernels it traces (and failed to build them on the H200 with Triton 3.6), and a graph
-# break per layer would cut transformers' compiled decode into 64 pieces.
-@torch.library.custom_op("kvtax::attention", mutates_args=())
-def _attention_op(
+# break per layer would cut transformers' compiled decode into 64 pieces. Defined with
+# torch.library's plain API (one dispatcher hop to the body; `torch.library.custom_op`
+# adds ~30 us of Python per call) and inference only: no autograd formula.
+_LIB = torch.library.Library("kvtax", "FRAGMENT")
+_LIB.define(
+    "attention(Tensor q, Tensor kc, Tensor? ks, Tensor? kb, Tensor vc, Tensor? vs, "
+    "Tensor? vb, Tensor? length_t, Tensor? kv_start, str spec, SymInt head_dim, SymInt length, "
+    "SymInt sinks, SymInt ring, SymInt window, ScalarType dtype, float scale, float softcap) "
+    "-> Tensor"
+)
+# A compiled decode step calls the op once per layer with the same layouts: the launch
+# configuration is derived once per layout key, not on every call (issue 5).
+_OP_CONFIGS: dict[tuple, LaunchConfig] = {}
+_MAX_OP_CONFIGS = 256  # layouts one process sees are few; a bound against leaks
+
+
+def _layout(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16)
+
+
+def _attention_body(
     q: torch.Tensor, kc: torch.Tensor, ks: torch.Tensor | None, kb: torch.Tensor | None,
     vc: torch.Tensor, vs: torch.Tensor | None, vb: torch.Tensor | None,
     length_t: torch.Tensor | None, kv_start: torch.Tensor | None, spec: str, head_dim: int,
@@ -239,14 +293,26 @@ def _attention_op(
         length=length, sinks=sinks, ring=ring, window=None if window < 0 else window,
         dtype=dtype, length_t=length_t,
     )
+    key = (spec, head_dim, length, sinks, ring, window, dtype, _layout(q), _layout(length_t),
+           kv_start is None, *(_layout(t) for t in (kc, ks, kb, vc, vs, vb)))
+    config = _OP_CONFIGS.get(key)
+    if config is None and _unsupported(q, view, allow_cpu=_interpreting()) is None:
+        if len(_OP_CONFIGS) >= _MAX_OP_CONFIGS:
+            _OP_CONFIGS.clear()
+        config = _OP_CONFIGS[key] = launch_config(q, view, length_t)
     return _triton_attention(q, view, scale=None if scale < 0 else scale,
-                             softcap=softcap or None, kv_start=kv_start)
+                             softcap=softcap or None, kv_start=kv_start, config=config)
 
 
-@_attention_op.register_fake
-def _(q, kc, ks, kb, vc, vs, vb, length_t, kv_start, spec, head_dim, length, sinks, ring,
-      window, dtype, scale, softcap):
+def _attention_fake(q, kc, ks, kb, vc, vs, vb, length_t, kv_start, spec, head_dim, length,
+                    sinks, ring, window, dtype, scale, softcap):
     return q.new_empty(q.shape)
+
+
+for _key in ("CPU", "CUDA"):  # CPU: Triton's interpreter (tests)
+    _LIB.impl("attention", _attention_body, _key)
+torch.library.register_fake("kvtax::attention", _attention_fake, lib=_LIB)
+_attention_op = torch.ops.kvtax.attention.default
 
 
 @lru_cache(maxsize=None)
@@ -264,7 +330,14 @@ def _triton_attention(
     kv_start: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: LaunchConfig | None = None,
+    lse: torch.Tensor | None = None,
+    min_distance: int = 0,
+    min_key: int = 0,
 ) -> torch.Tensor:
+    """The launches. Besides `triton_attention`'s arguments (`out` may also be float32):
+    lse: optional contiguous float32 `[B, H_q, L]`, filled with each row's log-sum-exp;
+    min_distance / min_key: hide keys closer than that to the query, or before that
+    position (`attention_lse`'s masks). Both off by default (the plain kernel variants)."""
     reason = _unsupported(q, view, allow_cpu=_interpreting())
     if reason is not None:
         raise ShapeError(f"triton_attention cannot run this call: {reason}")
@@ -284,8 +357,14 @@ def _triton_attention(
         lengths = lengths.contiguous()
     if out is None:
         out = torch.empty((b, h_q, n_q, d), dtype=q.dtype, device=q.device)
-    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
-        raise ShapeError(f"out must be contiguous {tuple(q.shape)} {q.dtype}")
+    elif (out.shape != q.shape or out.dtype not in (q.dtype, torch.float32)
+          or not out.is_contiguous()):
+        raise ShapeError(f"out must be contiguous {tuple(q.shape)} {q.dtype} (or float32)")
+    if lse is not None and (lse.shape != (b, h_q, n_q) or lse.dtype != torch.float32
+                            or not lse.is_contiguous() or lse.device != q.device):
+        raise ShapeError(f"lse must be contiguous float32 {(b, h_q, n_q)} on {q.device}")
+    if not 0 <= min_distance < 2**31 or not 0 <= min_key < 2**31:
+        raise ShapeError(f"min_distance {min_distance}, min_key {min_key} must be in [0, 2^31)")
     if n_q == 0 or b == 0:
         return out
     cfg = config or launch_config(q, view, lengths)
@@ -307,9 +386,12 @@ def _triton_attention(
         HAS_LENS=lengths is not None, IEEE=_ieee_dots(q.dtype),
         FOLD_K=cfg.fold and _fold_pays(view.spec.key, d),
         FOLD_V=cfg.fold and _fold_pays(view.spec.value, d), F16_MATH=cfg.f16_math,
-        HAS_KV_START=kv_start is not None,
+        HAS_KV_START=kv_start is not None, HAS_MIN_DIST=bool(min_distance or min_key),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    # hybrid-cache parts (triton_attention_lse): extra masks, per-row log-sum-exp
+    masks = dict(min_dist=min_distance, min_key=min_key)
+    lse_args = dict(Lse=lse if lse is not None else out, HAS_LSE=lse is not None)
     scalars = (
         view.length, n_q, h_kv, view.sinks, max(view.ring, 1),
         view.window if view.window is not None else 0, qk_scale, cap_log2,
@@ -325,7 +407,7 @@ def _triton_attention(
         grid = (triton.cdiv(group * n_q, cfg.block_m), b * h_kv)
         _prefill_attn_fwd_kernel[grid](
             q, out, *cache_args, *scalars, *q.stride(), *out.stride()[:3], *strides,
-            **common,
+            **masks, **lse_args, **common,
         )
         return out
 
@@ -339,17 +421,18 @@ def _triton_attention(
             raise ShapeError(f"decode_warp kernel cannot run this call: {reason or 'rows'}")
         _decode_warp_kernel[(b * h_kv, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
-            *q.stride(), *strides, **_warp_args(view, q.dtype, cfg, common),
+            *q.stride(), *strides, **masks, HAS_MIN_DIST=common["HAS_MIN_DIST"],
+            **_warp_args(view, q.dtype, cfg, common),
         )
     else:
         _decode_attn_split_kernel[(b * h_kv, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
-            *q.stride(), *strides, **common,
+            *q.stride(), *strides, **masks, **common,
         )
     splits_pad = triton.next_power_of_2(splits)
     d_block = min(32, triton.next_power_of_2(d))
     _decode_attn_reduce_kernel[(b * h_kv, rows, triton.cdiv(d, d_block))](
-        part_o, part_m, part_l, out, n_q, splits, h_kv, *out.stride()[:3],
+        part_o, part_m, part_l, out, n_q, splits, h_kv, *out.stride()[:3], **lse_args,
         G=group, HEAD_DIM=d, D_BLOCK=d_block,
         SPLITS_PAD=splits_pad, SPLIT_BLOCK=min(splits_pad, 64), num_warps=4,
     )
@@ -395,10 +478,19 @@ def _warp_args(view: CacheView, dtype: torch.dtype, cfg: LaunchConfig, common: d
     keep = ("G", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "K_FMT", "V_FMT", "IS_RING", "HAS_WINDOW",
             "SOFTCAP", "HAS_LENS", "IEEE", "HAS_KV_START", "num_warps", "num_stages")
     args = {k: common[k] for k in keep}
-    args.update(K_NG=k_ng, V_NG=v_ng, K_DT=k_dt, V_DT=v_dt, ASM=not _interpreting())
+    args.update(K_NG=k_ng, V_NG=v_ng, K_DT=k_dt, V_DT=v_dt, ASM=not _interpreting(),
+                V_PAIRS=cfg.v_pairs and _v_pairs(view))
     if cfg.maxnreg and not _interpreting():
         args["maxnreg"] = cfg.maxnreg
     return args
+
+
+def _v_pairs(view: CacheView) -> bool:
+    """Read int8/int4 V tiles as uint16 pairs of dims (decode_warp.py's `_v_pairs`):
+    needs D/4 >= 16 (the MMA's smallest N) and 2-byte aligned code rows."""
+    codes = view.v.codes
+    return (isinstance(view.spec.value, AffineFormat) and view.head_dim >= 64
+            and codes.data_ptr() % 2 == 0 and all(s % 2 == 0 for s in codes.stride()[:-1]))
 
 
 def _fold_pays(fmt: KVFormat, head_dim: int) -> bool:

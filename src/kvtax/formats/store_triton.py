@@ -17,6 +17,7 @@ this module was first imported; how the tests run it); `unsupported_reason` says
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 import triton
@@ -150,23 +151,40 @@ def quantize_store(
 
 # torch.compile sees the store as one opaque op that writes the cache storage: Inductor
 # re-specializes user Triton kernels it traces and failed to build this one on the H200
-# (Triton 3.6, transformers' compiled generate).
-@torch.library.custom_op(
-    "kvtax::quantize_store", mutates_args=("kc", "ks", "kb", "vc", "vs", "vb")
+# (Triton 3.6, transformers' compiled generate). It is defined with torch.library's plain
+# API, not `torch.library.custom_op`: the latter's ADInplaceOrView kernel for a mutating
+# op re-fills the schema's defaults on every call (~150 us of host time per call, measured
+# on CPU; a compiled decode step without CUDA graphs calls it once per layer). Inference
+# only: no autograd formula, and in-place writes do not bump version counters.
+_LIB = torch.library.Library("kvtax", "FRAGMENT")
+_LIB.define(
+    "quantize_store(Tensor k, Tensor v, Tensor(a2!) kc, Tensor(a3!)? ks, Tensor(a4!)? kb, "
+    "Tensor(a5!) vc, Tensor(a6!)? vs, Tensor(a7!)? vb, str spec, Tensor? pos_t, SymInt pos0, "
+    "SymInt sinks, SymInt ring, bool check) -> ()"
 )
-def _store_op(
+
+
+def _store_body(
     k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, ks: torch.Tensor | None,
     kb: torch.Tensor | None, vc: torch.Tensor, vs: torch.Tensor | None,
     vb: torch.Tensor | None, spec: str, pos_t: torch.Tensor | None, pos0: int, sinks: int,
     ring: int, check: bool,
 ) -> None:
+    if pos_t is not None and not check:
+        _op_store(k, v, QTensor(kc, ks, kb), QTensor(vc, vs, vb), spec, pos_t, sinks, ring)
+        return
     _quantize_store(k, v, QTensor(kc, ks, kb), QTensor(vc, vs, vb), _spec(spec),
                     pos_t if pos_t is not None else pos0, sinks=sinks, ring=ring, check=check)
 
 
-@_store_op.register_fake
-def _(k, v, kc, ks, kb, vc, vs, vb, spec, pos_t, pos0, sinks, ring, check):
+def _store_fake(k, v, kc, ks, kb, vc, vs, vb, spec, pos_t, pos0, sinks, ring, check):
     return None
+
+
+for _key in ("CPU", "CUDA"):  # CPU: Triton's interpreter (tests)
+    _LIB.impl("quantize_store", _store_body, _key)
+torch.library.register_fake("kvtax::quantize_store", _store_fake, lib=_LIB)
+_store_op = torch.ops.kvtax.quantize_store.default
 
 
 @lru_cache(maxsize=None)
@@ -196,28 +214,40 @@ def _quantize_store(
     # rows are read with the last dim contiguous
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
-    b, h, t, d = k.shape
-    if b * h * t == 0:
+    if k.shape[0] * k.shape[1] * k.shape[2] == 0:
         return
+    recip = k.is_cuda if recip is None else recip
+    _launch(_plan(k, v, k_dst, v_dst, spec, isinstance(pos, torch.Tensor), sinks, ring, recip),
+            k, v, k_dst, v_dst, pos)
+
+
+class _Plan(NamedTuple):
+    """Everything of one launch that the tensors' shapes, strides and dtypes decide."""
+
+    grid: tuple[int, int]
+    scalars: tuple  # sinks, ring, rows, t, h
+    sides: tuple  # per side (K, V): (x strides, codes/meta strides, 1/divisor)
+    consts: dict  # constexprs and launch options
+    from_ptr: bool
+
+
+def _plan(
+    k: torch.Tensor, v: torch.Tensor, k_dst: QTensor, v_dst: QTensor, spec: KVSpec,
+    from_ptr: bool, sinks: int, ring: int, recip: bool,
+) -> _Plan:
+    b, h, t, d = k.shape
     kf, vf = _format_code(spec.key), _format_code(spec.value)
     assert kf is not None and vf is not None
-    recip = k.is_cuda if recip is None else recip
     d_p = triton.next_power_of_2(d)
     rows = b * h * t
     budget = 16384 if _interpreting() else 2048  # elements per program; fewer in the interpreter
     block_r = max(1, min(triton.next_power_of_2(rows), budget // d_p))
-    from_ptr = isinstance(pos, torch.Tensor)
-    args = []
+    sides = []
     for x, dst, (_, gs, div) in ((k, k_dst, kf), (v, v_dst, vf)):
-        codes = dst.codes.view(torch.uint8) if dst.codes.dtype == torch.float8_e4m3fn else dst.codes
-        meta = dst.scales if dst.scales is not None else codes  # placeholders are never read
-        bias = dst.biases if dst.biases is not None else meta
-        m_strides = meta.stride()[:3] if dst.scales is not None else (0, 0, 0)
-        args += [x, *x.stride()[:3], codes, meta, bias, *codes.stride()[:3], *m_strides,
-                 _f32_reciprocal(div)]
-    grid = (triton.cdiv(rows, block_r), 2)
-    _quantize_store_kernel[grid](
-        pos if from_ptr else k, 0 if from_ptr else int(pos), sinks, ring, rows, t, h, *args,
+        m_strides = dst.scales.stride()[:3] if dst.scales is not None else (0, 0, 0)
+        sides.append((tuple(x.stride()[:3]), (*dst.codes.stride()[:3], *m_strides),
+                      _f32_reciprocal(div)))
+    consts = dict(
         HEAD_DIM=d, DT=_TL_DTYPES[k.dtype],
         K_FMT=kf[0], K_GS=max(kf[1], 1), K_OUT=_out_dtype(spec.key, k.dtype),
         K_NG_P=triton.next_power_of_2(d // kf[1]) if kf[1] else 1,
@@ -227,6 +257,59 @@ def _quantize_store(
         BLOCK_R=block_r, D_P=d_p, HALF_P=triton.next_power_of_2(max(d // 2, 1)),
         num_warps=4, enable_fp_fusion=False,  # no FMA contraction: torch rounds each op
     )
+    return _Plan((triton.cdiv(rows, block_r), 2), (sinks, ring, rows, t, h), tuple(sides),
+                 consts, from_ptr)
+
+
+def _launch(
+    plan: _Plan, k: torch.Tensor, v: torch.Tensor, k_dst: QTensor, v_dst: QTensor,
+    pos: int | torch.Tensor,
+) -> None:
+    args: list = []
+    for x, dst, (x_strides, d_strides, recip) in zip((k, v), (k_dst, v_dst), plan.sides):
+        codes = dst.codes.view(torch.uint8) if dst.codes.dtype == torch.float8_e4m3fn else dst.codes
+        meta = dst.scales if dst.scales is not None else codes  # placeholders are never read
+        bias = dst.biases if dst.biases is not None else meta
+        args += [x, *x_strides, codes, meta, bias, *d_strides, recip]
+    _quantize_store_kernel[plan.grid](
+        pos if plan.from_ptr else k, 0 if plan.from_ptr else int(pos), *plan.scalars, *args,
+        **plan.consts,
+    )
+
+
+# The compiled graph calls the op once per layer per decode step with the same layouts:
+# its checked plan is kept per (spec, layouts) key, so a call costs a dict lookup and a
+# launch instead of re-validating and re-deriving ~30 launch arguments (issue 5).
+_OP_PLANS: dict[tuple, _Plan] = {}
+_MAX_OP_PLANS = 256  # layouts seen by one process are few; a bound against leaks
+
+
+def _layout(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _op_store(
+    k: torch.Tensor, v: torch.Tensor, k_dst: QTensor, v_dst: QTensor, spec_name: str,
+    pos_t: torch.Tensor, sinks: int, ring: int,
+) -> None:
+    """The op body for a device position: the cached plan of these layouts, then a launch."""
+    key = (spec_name, sinks, ring, _layout(k), _layout(v), _layout(pos_t),
+           *(_layout(t) for t in (*k_dst, *v_dst)))
+    plan = _OP_PLANS.get(key)
+    if plan is None:
+        spec = _spec(spec_name)
+        rows = k.shape[0] * k.shape[1] * k.shape[2]
+        if spec.rotate_keys or spec.rotate_values or not rows or k.stride(-1) != 1 \
+                or v.stride(-1) != 1:  # rotation/copies are per call: the full checked path
+            _quantize_store(k, v, k_dst, v_dst, spec, pos_t, sinks=sinks, ring=ring)
+            return
+        reason = unsupported_reason(k, v, k_dst, v_dst, spec, pos=pos_t, sinks=sinks, ring=ring)
+        if reason is not None:
+            raise ShapeError(f"fused quantize-and-store cannot run: {reason}")
+        if len(_OP_PLANS) >= _MAX_OP_PLANS:
+            _OP_PLANS.clear()
+        plan = _OP_PLANS[key] = _plan(k, v, k_dst, v_dst, spec, True, sinks, ring, k.is_cuda)
+    _launch(plan, k, v, k_dst, v_dst, pos_t)
 
 
 def _out_dtype(fmt: KVFormat, model_dtype: torch.dtype) -> tl.dtype:

@@ -25,6 +25,8 @@ from kvtax.hf.layers import KVHandle
 
 ATTN_NAME = "kvtax"
 _PROBE_ROWS = 32  # query rows a mask pattern is checked on (evenly spread)
+_PROBE_KEYS = 64  # keys probed at the start, before each probed row, and x4 evenly spread
+_ALL_KEYS = 2048  # spans up to this many keys are probed on every key
 
 
 def kvtax_attention_forward(
@@ -109,7 +111,10 @@ def kvtax_mask(
         )
     eager = not torch.compiler.is_compiling()
     if eager and mask_function is not None:
-        _check_pattern(mask_function, q_length, int(q_offset), local_size)
+        # A device-side offset (a layer decoding through device positions) is not read
+        # back: that would stall the GPU every step; the probe then uses a stand-in offset.
+        offset = q_offset if isinstance(q_offset, int) else None
+        _check_pattern(mask_function, q_length, offset, local_size)
     if attention_mask is None:
         return None
     valid = attention_mask.bool()
@@ -123,12 +128,20 @@ def kvtax_mask(
 
 
 def _check_pattern(
-    mask_function: Callable, q_length: int, q_offset: int, window: int | None
+    mask_function: Callable, q_length: int, q_offset: int | None, window: int | None
 ) -> None:
-    """Probe the model's mask function on a few query rows against causal(+window)."""
+    """Probe the model's mask function on a few query rows against causal(+window).
+
+    q_offset: the first query's position, or None when only the device knows it: mask
+    functions are functions of positions, so rows past the window show the same pattern.
+    Keys are sampled (`_probe_keys`), so a decode step at 32k costs tens of microseconds,
+    not a 32k-key comparison per row.
+    """
+    if q_offset is None:
+        q_offset = (window or 0) + 2 * _PROBE_KEYS
     n_rows = min(q_length, _PROBE_ROWS)
     rows = torch.linspace(0, q_length - 1, n_rows).round().long().unique() + q_offset
-    keys = torch.arange(q_offset + q_length)
+    keys = _probe_keys(rows, q_offset + q_length, window)
     qi, ki = rows.view(1, 1, -1, 1), keys.view(1, 1, 1, -1)
     zero = torch.zeros((1, 1, 1, 1), dtype=torch.long)
     want = (ki <= qi) if window is None else (ki <= qi) & (qi - ki < window)
@@ -142,6 +155,24 @@ def _check_pattern(
             f"the model's attention mask is not the plain {kind} pattern the kvtax attention "
             "implements (chunked attention, bidirectional blocks or packed sequences?)"
         )
+
+
+def _probe_keys(rows: torch.Tensor, n_keys: int, window: int | None) -> torch.Tensor:
+    """Key positions to probe rows `[R]` on, sorted, in [0, n_keys): all of them for short
+    spans; else the first keys, an even spread, and bands at each row's diagonal and at its
+    window edge, where causal, sliding, chunked and bidirectional patterns differ."""
+    if n_keys <= _ALL_KEYS:
+        return torch.arange(n_keys)
+    near = torch.arange(-_PROBE_KEYS, 3)  # the keys just before a row, the row, just after
+    parts = [
+        torch.arange(_PROBE_KEYS),
+        torch.linspace(0, n_keys - 1, 4 * _PROBE_KEYS).round().long(),
+        (rows[:, None] + near).flatten(),
+    ]
+    if window is not None:
+        parts.append((rows[:, None] - window + torch.arange(-2, 3)).flatten())
+    keys = torch.cat(parts)
+    return keys[(keys >= 0) & (keys < n_keys)].unique()
 
 
 def _check_left_padding(valid: torch.Tensor) -> None:

@@ -135,7 +135,7 @@ class KVTaxCache(Cache):
         specs = sorted({layer.cache.spec.name for layer in self.layers})
         return (
             f"KVTaxCache(layers={len(self.layers)}, formats={specs}, "
-            f"tokens={self.get_seq_length()}, nbytes={self.nbytes})"
+            f"tokens={self.layers[0].seen if self.layers else 0}, nbytes={self.nbytes})"
         )
 
     @property

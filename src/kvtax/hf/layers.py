@@ -131,15 +131,24 @@ class KVTaxLayer(CacheLayerMixin):
         return handle, handle
 
     def get_seq_length(self) -> int | torch.Tensor:
-        """Tokens seen. Inside a compiled region of a static layer: the device count (a
-        host int would change every step; transformers' StaticLayer returns a tensor too)."""
-        if self.positions is not None and torch.compiler.is_compiling():
+        """Tokens seen: a host int, or the device count `[]` (as transformers' StaticLayer
+        returns) inside a compiled region and while compiled decode steps have run ahead of
+        the host count. generate asks every step (eagerly, for the mask): reading the
+        device count back there would stall the GPU, and a host int that changes between
+        steps, read inside the compiled step, would make dynamo recompile it."""
+        if self.positions is not None and (
+            torch.compiler.is_compiling() or self.positions.behind
+        ):
             return self.positions.pos_t[0]
         return self.seen
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """(kv_length, kv_offset) as transformers' dynamic layers report them (the kvtax
-        mask function does not use them: the cache view applies causality and windows)."""
+        """(kv_length, kv_offset) as transformers' dynamic layers report them; a layer that
+        decodes through device positions reports its fixed slot count and 0, as StaticLayer
+        does, reading no token count (see `get_seq_length`). The kvtax mask function uses
+        neither: the cache view applies causality and windows."""
+        if self.positions is not None:
+            return self.cache.capacity, 0
         seen = self.seen
         if not self.is_sliding:
             return seen + query_length, 0

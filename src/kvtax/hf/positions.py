@@ -22,6 +22,7 @@ import torch
 
 from kvtax.attention import attention
 from kvtax.attention.dispatch import uses_kernels
+from kvtax.attention.view import CacheView
 from kvtax.cache import BaseCache, SlidingCache
 from kvtax.errors import CapacityError
 
@@ -41,18 +42,24 @@ class DevicePositions:
         self.pos_t = torch.zeros(1, dtype=torch.int64, device=device)
         self.len_t = torch.zeros(batch, dtype=torch.int32, device=device)
         self.behind = False  # True after compiled steps advanced only the device counters
+        self.view: CacheView | None = None  # what the kernels read in a decode step (`sync`)
         self.sync()
         if not torch.compiler.is_compiling():
             # Fixed addresses let a CUDA graph mutate them in place (as StaticLayer does).
-            store = cache.store
-            for t in (*store.k.parts(), *store.v.parts(), self.pos_t, self.len_t):
+            for t in self.static_tensors():
                 torch._dynamo.mark_static_address(t)
 
     def sync(self) -> None:
-        """Host → device: after the host length changed (append, trim, reset)."""
-        self.pos_t.fill_(self.cache.length)
-        self.len_t.fill_(self.cache.length)
+        """Host → device: after the host length changed (append, trim, reset).
+
+        Also rebuilds `view`, the decode view whose host length is pinned to the capacity:
+        a compiled step then reads no host count, so dynamo guards on none and the graph
+        is never recompiled as the host count moves (storage changes only on append)."""
+        c = self.cache
+        self.pos_t.fill_(c.length)
+        self.len_t.fill_(c.length)
         self.behind = False
+        self.view = dataclasses.replace(c.view(), length=c.capacity, length_t=self.len_t)
 
     def reconcile(self) -> None:
         """Device → host: count the tokens compiled steps wrote (eager code only)."""
@@ -62,7 +69,8 @@ class DevicePositions:
 
     def serve(self, q: torch.Tensor, kv_start: torch.Tensor | None) -> bool:
         """Whether the kernels, which read `len_t`, would run this call."""
-        return uses_kernels(q, self.cache.view(), kv_start=kv_start)
+        assert self.view is not None
+        return uses_kernels(q, self.view, kv_start=kv_start)
 
     def decode(
         self,
@@ -92,5 +100,12 @@ class DevicePositions:
             self.behind = True  # a host int changed here would become a graph input
         else:
             c.advance(1)
-        view = dataclasses.replace(c.view(), length=c.capacity, length_t=self.len_t)
-        return attention(q, view, scale=scale, softcap=softcap, kv_start=kv_start)
+        assert self.view is not None
+        return attention(q, self.view, scale=scale, softcap=softcap, kv_start=kv_start)
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a decode step mutates or reads from the cache: storage parts and the
+        two counters (all marked static, so a CUDA graph may mutate them in place)."""
+        store = self.cache.store
+        assert store is not None
+        return [*store.k.parts(), *store.v.parts(), self.pos_t, self.len_t]

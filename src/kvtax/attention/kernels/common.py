@@ -52,15 +52,20 @@ def split_range(num_slots, split, num_splits, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING: tl.constexpr,
-            HAS_WINDOW: tl.constexpr, HAS_KV_START: tl.constexpr):
+            HAS_WINDOW: tl.constexpr, HAS_KV_START: tl.constexpr,
+            min_dist, min_key, HAS_MIN_DIST: tl.constexpr):
     """`[rows, slots]` mask of the keys in slots `o_n` (valid where `m_n`) that queries at
-    `q_pos` see: causal, the window (plus sinks), and not before `kv0`."""
+    `q_pos` see: causal, the window (plus sinks), and not before `kv0`. HAS_MIN_DIST
+    (one part of a hybrid cache, kvtax.attention.lse): also only keys at least
+    `min_dist` behind the query and at positions >= `min_key`."""
     k_pos = slot_positions(o_n, length, sinks, ring, IS_RING)
     vis = m_n[None, :] & (k_pos[None, :] <= q_pos[:, None])
     if HAS_WINDOW:
         vis = vis & (((q_pos[:, None] - k_pos[None, :]) < window) | (k_pos[None, :] < sinks))
     if HAS_KV_START:
         vis = vis & (k_pos[None, :] >= kv0)
+    if HAS_MIN_DIST:
+        vis = vis & ((q_pos[:, None] - k_pos[None, :]) >= min_dist) & (k_pos[None, :] >= min_key)
     return vis
 
 
@@ -110,7 +115,7 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
               V_GS: tl.constexpr, MASKED: tl.constexpr, IS_RING: tl.constexpr,
               HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
               FOLD_K: tl.constexpr, FOLD_V: tl.constexpr, F16_MATH: tl.constexpr,
-              HAS_KV_START: tl.constexpr):
+              HAS_KV_START: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr):
     """One online-softmax step over slots `[start, start + BLOCK_N)`.
 
     acc_lo/acc_hi `[BLOCK_M, HALF]` f32, m_i/l_i `[BLOCK_M]` f32 (base-2 running max and
@@ -118,7 +123,8 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
     ks_lo..vb_hi: this tile's scales/biases (`tile_meta`). Returns the updated state and
     the next tile's scales/biases, fetched first so their latency overlaps this tile.
     MASKED=False is for tiles every row sees whole (no causal, window, ring or padding
-    masking); with HAS_KV_START keys at positions < kv0 (left padding) are hidden.
+    masking); with HAS_KV_START keys at positions < kv0 (left padding) are hidden, with
+    HAS_MIN_DIST keys closer than `min_dist` to the query or before `min_key`.
     FOLD_K / FOLD_V (decode, one scale group per half): feed raw codes to the dots and
     apply scales and biases to the few score / output rows instead of every K/V element.
     """
@@ -153,7 +159,7 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
         s = cap_log2 * _tanh(s)
     if MASKED:
         vis = visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING, HAS_WINDOW,
-                      HAS_KV_START)
+                      HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
         s = tl.where(vis, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # a row that has seen no visible key yet keeps m = -inf; subtract 0 instead of -inf

@@ -8,6 +8,10 @@ base-2 running max m `[R]` and denominator l `[R]`. `reduce.py` merges the split
 The split ranges are computed in the kernel from the sequence length, which may come
 from a device tensor, so one CUDA graph serves every decode step: the grid depends only
 on the cache's capacity.
+
+HAS_MIN_DIST (constexpr, off by default) hides keys closer than `min_dist` to the query
+or before `min_key` (one part of a hybrid cache); `reduce.py` then may also return the
+rows' log-sum-exp.
 """
 
 import triton
@@ -23,12 +27,13 @@ def _decode_attn_split_kernel(
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
+    min_dist, min_key,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr, V_GS: tl.constexpr,
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
-    F16_MATH: tl.constexpr, HAS_KV_START: tl.constexpr,
+    F16_MATH: tl.constexpr, HAS_KV_START: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -36,6 +41,10 @@ def _decode_attn_split_kernel(
         pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring, IS_RING, HAS_LENS,
         HAS_KV_START)
     lo, hi = split_range(num_slots, split, num_splits, BLOCK_N)
+    if HAS_MIN_DIST:
+        if not IS_RING:  # slots are positions: skip tiles no row may read
+            lo = tl.maximum(lo, (min_key // BLOCK_N) * BLOCK_N)
+            hi = tl.minimum(hi, tl.maximum(length - min_dist, 0))
 
     DH: tl.constexpr = HEAD_DIM // 2
     n_rows = G * n_q
@@ -75,7 +84,8 @@ def _decode_attn_split_kernel(
             ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
             sinks, ring, window, qk_scale, cap_log2,
             HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
-            True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START)
+            True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START,
+            min_dist, min_key, HAS_MIN_DIST)
 
     # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
     row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m

@@ -22,6 +22,10 @@ tile's largest scale so the fp16 operand keeps its precision.
 Formats: 0 float (the cache dtype is fed to the dots as is), 1 int8, 2 int4 (split
 halves), 3 fp8 e4m3 (codes passed as uint8). Integer formats need group size >= D/2 and
 a power-of-two head dim; the wrapper routes other shapes to `decode.py`.
+
+HAS_MIN_DIST (constexpr, off by default) hides keys closer than `min_dist` to the query
+or before `min_key` (one part of a hybrid cache); tiles every row still sees whole keep
+the unmasked path.
 """
 
 import triton
@@ -54,28 +58,65 @@ def _int8_asm(c):
         constraints="=r,=r,r", args=[c], dtype=tl.float16, is_pure=True, pack=4)
 
 
-@triton.jit
-def _int4_asm(byte):
-    """Packed int4 bytes → fp16 (lo nibble - 8, hi nibble - 8), 11 instructions per 4
-    bytes (GPU only; same result as `_centered` on `byte & 15`, `byte >> 4`)."""
-    return tl.inline_asm_elementwise(
-        asm="""{
+def _nibbles_asm(sel_a: str, sel_b: str) -> str:
+    """PTX turning a 32-bit word of packed int4 bytes into four fp16x2 registers of
+    nibble - 8: the lo nibbles, then the hi nibbles, each split into two fp16 pairs by
+    `prmt` with selectors `sel_a`, `sel_b` (which bytes pair up), 11 instructions."""
+    return f"""{{
         .reg .b32 lo, hi, t0, t1, t2, t3, m;
         mov.b32 m, 0x64086408;
         and.b32 lo, $4, 0x0F0F0F0F;
         shr.b32 hi, $4, 4;
         and.b32 hi, hi, 0x0F0F0F0F;
-        prmt.b32 t0, lo, 0x64646464, 0x4140;
-        prmt.b32 t1, lo, 0x64646464, 0x4342;
-        prmt.b32 t2, hi, 0x64646464, 0x4140;
-        prmt.b32 t3, hi, 0x64646464, 0x4342;
+        prmt.b32 t0, lo, 0x64646464, {sel_a};
+        prmt.b32 t1, lo, 0x64646464, {sel_b};
+        prmt.b32 t2, hi, 0x64646464, {sel_a};
+        prmt.b32 t3, hi, 0x64646464, {sel_b};
         sub.f16x2 $0, t0, m;
         sub.f16x2 $1, t1, m;
         sub.f16x2 $2, t2, m;
         sub.f16x2 $3, t3, m;
+        }}"""
+
+
+# bytes (0, 1), (2, 3) pair up for 4 consecutive codes; (0, 2), (1, 3) for uint16 pairs
+_INT4_ASM = tl.constexpr(_nibbles_asm("0x4140", "0x4342"))
+_INT4_PAIRS_ASM = tl.constexpr(_nibbles_asm("0x4240", "0x4341"))
+
+
+@triton.jit
+def _int4_asm(byte):
+    """Packed int4 bytes → fp16 (lo nibble - 8, hi nibble - 8), 11 instructions per 4
+    bytes (GPU only; same result as `_centered` on `byte & 15`, `byte >> 4`)."""
+    return tl.inline_asm_elementwise(
+        asm=_INT4_ASM, constraints="=r,=r,=r,=r,r", args=[byte],
+        dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _int8_pairs_asm(w):
+    """uint16 pairs of int8 codes → fp16 (first byte - 128, second byte - 128): one prmt
+    and one sub.f16x2 per two codes (GPU only; see `_v_pairs`)."""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t0, t1, m;
+        mov.b32 m, 0x64806480;
+        prmt.b32 t0, $2, 0x64646464, 0x4240;
+        prmt.b32 t1, $2, 0x64646464, 0x4341;
+        sub.f16x2 $0, t0, m;
+        sub.f16x2 $1, t1, m;
         }""",
-        constraints="=r,=r,=r,=r,r", args=[byte], dtype=(tl.float16, tl.float16),
-        is_pure=True, pack=4)
+        constraints="=r,=r,r", args=[w], dtype=(tl.float16, tl.float16), is_pure=True,
+        pack=2)
+
+
+@triton.jit
+def _int4_pairs_asm(w):
+    """uint16 pairs of packed int4 bytes → fp16 (byte 0 lo, byte 1 lo, byte 0 hi, byte 1
+    hi nibble, each - 8): 11 instructions per 8 codes (GPU only; see `_v_pairs`)."""
+    return tl.inline_asm_elementwise(
+        asm=_INT4_PAIRS_ASM, constraints="=r,=r,=r,=r,r", args=[w],
+        dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
 
 
 @triton.jit
@@ -124,6 +165,49 @@ def _operands(p_codes, o_n, m_n, s_ct, HEAD_DIM: tl.constexpr, FMT: tl.constexpr
             lo = r_lo
             hi = r_hi
     return lo.to(DT), hi.to(DT)
+
+
+@triton.jit
+def _v_pairs(p_codes, o_n, m_n, s_ct, HEAD_DIM: tl.constexpr, FMT: tl.constexpr,
+             DT: tl.constexpr, ASM: tl.constexpr):
+    """An int8/int4 V tile of slots `o_n` as four `[BLOCK_N, D/4]` MMA operands (centered
+    codes in DT) for the dims (2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1), j < D/4.
+
+    Why: in P @ V the MMA's reduction runs over slots, so each thread needs codes of
+    consecutive slots for one dim, while a cache row holds consecutive dims of one slot.
+    Read as bytes, Triton gathers them one LDS.U8 and one PRMT at a time (~3 instructions
+    per code). Read as uint16 pairs of dims, the tile is an ordinary 16-bit operand that
+    `ldmatrix.trans` transposes, and one PRMT splits a pair of slots' pairs into the even
+    and the odd dim's fp16 operands. Same MMA count; the output dims come out interleaved
+    and the kernel stores them back in place. Both halves of a pair share the scale group
+    (group >= D/2), so the folded V scales stay per half.
+    """
+    DQ: tl.constexpr = HEAD_DIM // 4
+    o_j = tl.arange(0, DQ)
+    p16 = p_codes.to(tl.pointer_type(tl.uint16), bitcast=True)
+    p_row = p16 + o_n[:, None].to(tl.int64) * (s_ct // 2) + o_j[None, :]
+    m = None if m_n is None else m_n[:, None]
+    if FMT == 2:  # uint16 j = bytes 2j, 2j + 1: lo nibbles dims 2j, 2j + 1; hi + D/2
+        w = _load(p_row, m)
+        if ASM:
+            a, b, c, d = _int4_pairs_asm(w)
+        else:
+            a = _centered(w & 0xF, 8.0)
+            b = _centered((w >> 8) & 0xF, 8.0)
+            c = _centered((w >> 4) & 0xF, 8.0)
+            d = _centered(w >> 12, 8.0)
+    else:  # uint16 j = dims 2j, 2j + 1 (lo half); j + D/4 the same in the hi half
+        w_lo = _load(p_row, m)
+        w_hi = _load(p_row + DQ, m)
+        if ASM:
+            a, b = _int8_pairs_asm(w_lo)
+            c, d = _int8_pairs_asm(w_hi)
+        else:
+            a = _centered(w_lo & 0xFF, 128.0)
+            b = _centered(w_lo >> 8, 128.0)
+            c = _centered(w_hi & 0xFF, 128.0)
+            d = _centered(w_hi >> 8, 128.0)
+    return a.to(DT), b.to(DT), c.to(DT), d.to(DT)
 
 
 @triton.jit
@@ -199,22 +283,33 @@ def _pv(acc, p, v, scale, inv_t, DT: tl.constexpr, FMT: tl.constexpr, IEEE: tl.c
 
 
 @triton.jit
-def _step(acc_lo, acc_hi, bias_lo, bias_hi, m_i, l_i, t_v,
-          q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length, kv0,
-          p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc, s_km, s_vc, s_vm,
+def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+          vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length,
+          kv0, p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc, s_km, s_vc, s_vm,
           sinks, ring, window, qk_scale, cap_log2, HEAD_DIM: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
           K_DT: tl.constexpr, V_DT: tl.constexpr, MASKED: tl.constexpr,
           IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-          IEEE: tl.constexpr, HAS_KV_START: tl.constexpr, ASM: tl.constexpr):
+          IEEE: tl.constexpr, HAS_KV_START: tl.constexpr, ASM: tl.constexpr,
+          V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr):
     """One online-softmax step over slots `[start, start + BLOCK_N)` (see the kernel).
 
-    State: acc_lo/acc_hi `[BLOCK_M, D/2]` f32 in units of t_v, bias_lo/bias_hi
+    State: acc_lo/acc_hi `[BLOCK_M, D/2]` f32 in units of t_v (V_PAIRS: acc_lo, acc_hi,
+    acc_c, acc_d `[BLOCK_M, D/4]` for `_v_pairs`' four dim sets), bias_lo/bias_hi
     `[BLOCK_M]` (sum of P * V bias), m_i/l_i `[BLOCK_M]` (base 2), t_v the V scale
-    reference. q_lo/q_hi the K operands' queries, qs_lo/qs_hi their row sums.
-    MASKED=False: every row sees every slot of the tile.
+    reference, vs_lo..vb_hi this tile's V scales and biases (`_meta`; the step returns
+    the next tile's, loaded at its start). q_lo/q_hi the K operands' queries, qs_lo/qs_hi
+    their row sums. MASKED=False: every row sees every slot of the tile.
+
+    Why the V metadata is prefetched by hand: Triton's pipeliner staged the codes and the
+    K metadata through cp.async but left one V metadata load inside the iteration that
+    needs it, and Nsight Compute showed 31% of the warps' stall cycles waiting on it
+    (H200, int8 at 128k, notes/KERNELS.md).
     """
+    o_next = start + BLOCK_N + tl.arange(0, BLOCK_N)
+    nvs_lo, nvb_lo, nvs_hi, nvb_hi = _meta(p_vs, p_vb, start + BLOCK_N, o_next < hi, s_vm,
+                                           BLOCK_N, V_FMT, V_NG)
     o_n = start + tl.arange(0, BLOCK_N)  # int32: slot counts stay below 2^31
     if MASKED:
         m_n = o_n < hi
@@ -240,9 +335,8 @@ def _step(acc_lo, acc_hi, bias_lo, bias_hi, m_i, l_i, t_v,
         s = cap_log2 * _tanh(s)
     if MASKED:  # padded rows (q = 0) see finite zeros and are never stored
         vis = visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING, HAS_WINDOW,
-                      HAS_KV_START)
+                      HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
         s = tl.where(vis, s, float("-inf"))
-    vs_lo, vb_lo, vs_hi, vb_hi = _meta(p_vs, p_vb, start, m_n, s_vm, BLOCK_N, V_FMT, V_NG)
     # Lazy rescaling: the running max moves (and acc, l are rescaled) only when some
     # row's max grew by more than 2^8, or this tile's V scales outgrew t_v by 2^6;
     # otherwise P may reach 2^8 and P * s / t_v 2^14, both well inside fp16. Most tiles
@@ -257,6 +351,9 @@ def _step(acc_lo, acc_hi, bias_lo, bias_hi, m_i, l_i, t_v,
         t_new = tl.maximum(t_v, v_top)
         acc_lo = acc_lo * (alpha * (t_v / t_new))[:, None]
         acc_hi = acc_hi * (alpha * (t_v / t_new))[:, None]
+        if V_PAIRS:
+            acc_c = acc_c * (alpha * (t_v / t_new))[:, None]
+            acc_d = acc_d * (alpha * (t_v / t_new))[:, None]
         bias_lo = bias_lo * alpha
         bias_hi = bias_hi * alpha
         l_i = l_i * alpha
@@ -265,17 +362,27 @@ def _step(acc_lo, acc_hi, bias_lo, bias_hi, m_i, l_i, t_v,
     m_base = tl.where(m_i == float("-inf"), 0.0, m_i)
     p = tl.exp2(s - m_base[:, None])
     l_i += tl.sum(p, 1)
-    v_lo, v_hi = _operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
     inv_t = 1.0 / t_v
-    acc_lo = _pv(acc_lo, p, v_lo, vs_lo, inv_t, V_DT, V_FMT, IEEE)
-    acc_hi = _pv(acc_hi, p, v_hi, vs_hi, inv_t, V_DT, V_FMT, IEEE)
+    if V_PAIRS:
+        v_a, v_b, v_c, v_d = _v_pairs(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
+        p_lo = (p * (vs_lo * inv_t)[None, :]).to(V_DT)
+        p_hi = (p * (vs_hi * inv_t)[None, :]).to(V_DT)
+        acc_lo = _dot(p_lo, v_a, acc_lo, IEEE)
+        acc_hi = _dot(p_lo, v_b, acc_hi, IEEE)
+        acc_c = _dot(p_hi, v_c, acc_c, IEEE)
+        acc_d = _dot(p_hi, v_d, acc_d, IEEE)
+    else:
+        v_lo, v_hi = _operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
+        acc_lo = _pv(acc_lo, p, v_lo, vs_lo, inv_t, V_DT, V_FMT, IEEE)
+        acc_hi = _pv(acc_hi, p, v_hi, vs_hi, inv_t, V_DT, V_FMT, IEEE)
     if V_FMT == 1 or V_FMT == 2:
         bias_lo += tl.sum(p * vb_lo[None, :], 1)
         if V_NG == 1:
             bias_hi = bias_lo
         else:
             bias_hi += tl.sum(p * vb_hi[None, :], 1)
-    return acc_lo, acc_hi, bias_lo, bias_hi, m_i, l_i, t_v
+    return (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+            nvs_lo, nvb_lo, nvs_hi, nvb_hi)
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
@@ -285,12 +392,13 @@ def _decode_warp_kernel(
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
+    min_dist, min_key,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
     K_DT: tl.constexpr, V_DT: tl.constexpr,
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -320,8 +428,16 @@ def _decode_warp_kernel(
     p_vs = Vs + b * s_vm_b + h * s_vm_h
     p_vb = Vb + b * s_vm_b + h * s_vm_h
 
-    acc_lo = tl.zeros([BLOCK_M, DH], dtype=tl.float32)
-    acc_hi = tl.zeros([BLOCK_M, DH], dtype=tl.float32)
+    if V_PAIRS:  # dims 2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1 (see _v_pairs)
+        acc_lo = tl.zeros([BLOCK_M, HEAD_DIM // 4], dtype=tl.float32)
+        acc_hi = tl.zeros([BLOCK_M, HEAD_DIM // 4], dtype=tl.float32)
+        acc_c = tl.zeros([BLOCK_M, HEAD_DIM // 4], dtype=tl.float32)
+        acc_d = tl.zeros([BLOCK_M, HEAD_DIM // 4], dtype=tl.float32)
+    else:
+        acc_lo = tl.zeros([BLOCK_M, DH], dtype=tl.float32)
+        acc_hi = tl.zeros([BLOCK_M, DH], dtype=tl.float32)
+        acc_c = 0.0
+        acc_d = 0.0
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     bias_lo = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -334,30 +450,61 @@ def _decode_warp_kernel(
         full_end = lo
     else:
         full_end = tl.maximum(lo, tl.minimum(hi, ((length - n_q + 1) // BLOCK_N) * BLOCK_N))
-    for start in range(lo, full_end, BLOCK_N):
-        acc_lo, acc_hi, bias_lo, bias_hi, m_i, l_i, t_v = _step(
-            acc_lo, acc_hi, bias_lo, bias_hi, m_i, l_i, t_v,
-            q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length, kv0,
+    full_lo = lo
+    if HAS_MIN_DIST:  # one part of a hybrid cache: keys [min_key, q - min_dist]
+        if not (IS_RING or HAS_WINDOW or HAS_KV_START):
+            full_lo = tl.maximum(lo, tl.minimum(hi, tl.cdiv(min_key, BLOCK_N) * BLOCK_N))
+            last = tl.maximum(length - n_q + 1 - min_dist, 0) // BLOCK_N * BLOCK_N
+            full_end = tl.maximum(full_lo, tl.minimum(hi, last))
+            hi = tl.maximum(full_end, tl.minimum(hi, length - min_dist))  # skip unseen tiles
+    vs_lo, vb_lo, vs_hi, vb_hi = _meta(p_vs, p_vb, lo, (lo + tl.arange(0, BLOCK_N)) < hi,
+                                       s_vm_t, BLOCK_N, V_FMT, V_NG)
+    if HAS_MIN_DIST:
+        for start in range(lo, full_lo, BLOCK_N):
+            (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+         vs_lo, vb_lo, vs_hi, vb_hi) = _step(
+                acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+                vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi,
+                length, kv0,
+                p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
+                sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+                K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
+                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
+    for start in range(full_lo, full_end, BLOCK_N):
+        (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+         vs_lo, vb_lo, vs_hi, vb_hi) = _step(
+            acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length,
+            kv0,
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
     for start in range(full_end, hi, BLOCK_N):
-        acc_lo, acc_hi, bias_lo, bias_hi, m_i, l_i, t_v = _step(
-            acc_lo, acc_hi, bias_lo, bias_hi, m_i, l_i, t_v,
-            q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length, kv0,
+        (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+         vs_lo, vb_lo, vs_hi, vb_hi) = _step(
+            acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length,
+            kv0,
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
 
     # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
     row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m
     tl.store(PartM + row, m_i, mask=m_row)
     tl.store(PartL + row, l_i, mask=m_row)
-    if V_FMT != 0:
-        acc_lo = acc_lo * t_v + bias_lo[:, None]
-        acc_hi = acc_hi * t_v + bias_hi[:, None]
     p_o = PartO + row[:, None] * HEAD_DIM
-    tl.store(p_o + o_d[None, :], acc_lo, mask=m_row[:, None])
-    tl.store(p_o + (o_d + DH)[None, :], acc_hi, mask=m_row[:, None])
+    if V_PAIRS:
+        o_e = 2 * tl.arange(0, HEAD_DIM // 4)[None, :]
+        tl.store(p_o + o_e, acc_lo * t_v + bias_lo[:, None], mask=m_row[:, None])
+        tl.store(p_o + o_e + 1, acc_hi * t_v + bias_lo[:, None], mask=m_row[:, None])
+        tl.store(p_o + DH + o_e, acc_c * t_v + bias_hi[:, None], mask=m_row[:, None])
+        tl.store(p_o + DH + o_e + 1, acc_d * t_v + bias_hi[:, None], mask=m_row[:, None])
+    else:
+        if V_FMT != 0:
+            acc_lo = acc_lo * t_v + bias_lo[:, None]
+            acc_hi = acc_hi * t_v + bias_hi[:, None]
+        tl.store(p_o + o_d[None, :], acc_lo, mask=m_row[:, None])
+        tl.store(p_o + (o_d + DH)[None, :], acc_hi, mask=m_row[:, None])

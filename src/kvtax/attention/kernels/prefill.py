@@ -7,6 +7,10 @@ so a tile spans BLOCK_M / G consecutive positions and its causal bound stays tig
 
 Per program: slots every row sees whole run without masks; the causal edge, windows
 and ring caches run masked. Extra memory: none beyond the output.
+
+Optional (constexpr, off by default): HAS_LSE also stores each row's log-sum-exp of
+scores to `Lse` `[B, H_q, L]` float32; HAS_MIN_DIST hides keys closer than `min_dist` to
+the query or before `min_key` (one part of a hybrid cache, see kvtax.attention.lse).
 """
 
 import triton
@@ -22,12 +26,14 @@ def _prefill_attn_fwd_kernel(
     s_qb, s_qh, s_ql, s_qd, s_ob, s_oh, s_ol,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
+    Lse, min_dist, min_key,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr, V_GS: tl.constexpr,
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
     F16_MATH: tl.constexpr, HAS_KV_START: tl.constexpr,
+    HAS_LSE: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
 ):
     # heaviest (latest) row blocks first: they scan the most slots
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -71,11 +77,32 @@ def _prefill_attn_fwd_kernel(
     else:
         full_end = ((q_first + 1) // BLOCK_N) * BLOCK_N
         hi = tl.minimum(q_last + 1, num_slots)
+    lo = 0
+    full_lo = 0
+    if HAS_MIN_DIST:
+        if not (IS_RING or HAS_WINDOW or HAS_KV_START):
+            # keys [min_key, q - min_dist]: masked head tile(s), whole middle, masked tail
+            lo = (min_key // BLOCK_N) * BLOCK_N
+            full_lo = tl.cdiv(min_key, BLOCK_N) * BLOCK_N
+            full_end = tl.maximum(q_first + 1 - min_dist, 0) // BLOCK_N * BLOCK_N
+            full_end = tl.maximum(full_end, full_lo)
+            hi = tl.minimum(tl.maximum(q_last + 1 - min_dist, 0), num_slots)
     # scales/biases of the first tile; each step fetches the next tile's
     ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi = tile_meta(
-        p_ks, p_kb, p_vs, p_vb, 0, num_slots, s_km_t, s_vm_t,
+        p_ks, p_kb, p_vs, p_vb, lo, num_slots, s_km_t, s_vm_t,
         HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS)
-    for start in range(0, full_end, BLOCK_N):
+    if HAS_MIN_DIST:
+        for start in range(lo, tl.minimum(full_lo, hi), BLOCK_N):
+            (acc_lo, acc_hi, m_i, l_i, ks_lo, kb_lo, ks_hi, kb_hi,
+             vs_lo, vb_lo, vs_hi, vb_hi) = attn_step(
+                acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, length, kv0,
+                p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
+                ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
+                sinks, ring, window, qk_scale, cap_log2,
+                HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
+                True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH,
+                HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
+    for start in range(full_lo, full_end, BLOCK_N):
         (acc_lo, acc_hi, m_i, l_i, ks_lo, kb_lo, ks_hi, kb_hi,
          vs_lo, vb_lo, vs_hi, vb_hi) = attn_step(
             acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, length, kv0,
@@ -83,7 +110,8 @@ def _prefill_attn_fwd_kernel(
             ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
             sinks, ring, window, qk_scale, cap_log2,
             HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
-            False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START)
+            False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START,
+            min_dist, min_key, HAS_MIN_DIST)
     for start in range(full_end, hi, BLOCK_N):
         (acc_lo, acc_hi, m_i, l_i, ks_lo, kb_lo, ks_hi, kb_hi,
          vs_lo, vb_lo, vs_hi, vb_hi) = attn_step(
@@ -92,11 +120,17 @@ def _prefill_attn_fwd_kernel(
             ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
             sinks, ring, window, qk_scale, cap_log2,
             HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
-            True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START)
+            True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START,
+            min_dist, min_key, HAS_MIN_DIST)
 
-    # rows that saw no key (possible only with odd windows) return zeros, like the reference
+    # rows that saw no key (odd windows, hybrid masks) return zeros, like the reference
     inv = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
     p_o = Out + b * s_ob + (h * G + o_m % G)[:, None] * s_oh + o_l.to(tl.int64)[:, None] * s_ol
     dtype = Out.dtype.element_ty
     tl.store(p_o + o_d[None, :], (acc_lo * inv[:, None]).to(dtype), mask=m_q)
     tl.store(p_o + (o_d + DH)[None, :], (acc_hi * inv[:, None]).to(dtype), mask=m_q)
+    if HAS_LSE:  # natural-log sum of exp(scores) per row, Lse [B, H_q, L]; -inf: no key
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        lse = tl.where(l_i == 0.0, float("-inf"), (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+        p_lse = Lse + (b * (n_kv_heads * G) + h * G + o_m % G) * n_q + o_l
+        tl.store(p_lse, lse, mask=m_row)

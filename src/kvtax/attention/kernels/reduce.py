@@ -5,6 +5,9 @@ row has few (b, head, row) triples, so the head dims are split too, to spread th
 partials' read (splits x D floats per row) over enough SMs. Each split s holds an unnormalized
 acc_s, a base-2 max m_s and a denominator l_s; with M = max_s m_s and w_s = 2^(m_s - M):
 out = sum_s w_s acc_s / sum_s w_s l_s. Empty splits have m_s = -inf and weigh 0.
+HAS_LSE (constexpr, off by default) also stores each row's log-sum-exp of scores,
+ln 2 * (M + log2 sum_s w_s l_s), to `Lse` `[B, H_q, L]` float32 (-inf for a row that saw
+no key), so partial attentions can be merged (kvtax.attention.lse).
 """
 
 import triton
@@ -14,9 +17,9 @@ import triton.language as tl
 @triton.jit(do_not_specialize=["n_q", "num_splits"])
 def _decode_attn_reduce_kernel(
     PartO, PartM, PartL, Out, n_q, num_splits, n_kv_heads,
-    s_ob, s_oh, s_ol,
+    s_ob, s_oh, s_ol, Lse,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, D_BLOCK: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, SPLIT_BLOCK: tl.constexpr, HAS_LSE: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     r = tl.program_id(1)
@@ -48,3 +51,9 @@ def _decode_attn_reduce_kernel(
     l = r // G
     p_out = Out + b.to(tl.int64) * s_ob + (h * G + g).to(tl.int64) * s_oh + l.to(tl.int64) * s_ol
     tl.store(p_out + o_d, out.to(Out.dtype.element_ty), mask=m_d)
+    if HAS_LSE:  # natural-log sum of exp(scores) of the row, Lse [B, H_q, L]; -inf: no key
+        if tl.program_id(2) == 0:
+            d_safe = tl.where(denom == 0.0, 1.0, denom)
+            lse = tl.where(denom == 0.0, float("-inf"),
+                           (m_max + tl.log2(d_safe)) * 0.6931471805599453)
+            tl.store(Lse + (pid_bh.to(tl.int64) * G + g) * n_q + l, lse)
