@@ -199,6 +199,32 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def load_queries(Q, b, h, o_m, o_l, m_row, s_qb, s_qh, s_ql, s_qd, G: tl.constexpr,
+                 HALF: tl.constexpr, DH: tl.constexpr, IEEE: tl.constexpr):
+    """Packed query rows `o_m` (row m = query l = m // G of head h * G + m % G) as the two
+    half-width tiles q_lo, q_hi `[BLOCK_M, HALF]` (zero where `m_row` is False or past
+    DH); float32 for IEEE dots."""
+    o_d = tl.arange(0, HALF)
+    p_q = Q + b * s_qb + (h * G + o_m % G)[:, None] * s_qh + o_l.to(tl.int64)[:, None] * s_ql
+    m_q = m_row[:, None] & (o_d < DH)[None, :]
+    q_lo = tl.load(p_q + o_d[None, :] * s_qd, mask=m_q, other=0.0)
+    q_hi = tl.load(p_q + (o_d + DH)[None, :] * s_qd, mask=m_q, other=0.0)
+    if IEEE:  # float32 dots throughout (fp32 models; bf16 under the interpreter)
+        q_lo = q_lo.to(tl.float32)
+        q_hi = q_hi.to(tl.float32)
+    return q_lo, q_hi
+
+
+@triton.jit
+def head_pointers(Kc, Ks, Kb, Vc, Vs, Vb, b, h, s_kc_b, s_kc_h, s_km_b, s_km_h,
+                  s_vc_b, s_vc_h, s_vm_b, s_vm_h):
+    """The six cache parts' base pointers for sequence b, KV head h."""
+    return (Kc + b * s_kc_b + h * s_kc_h, Ks + b * s_km_b + h * s_km_h,
+            Kb + b * s_km_b + h * s_km_h, Vc + b * s_vc_b + h * s_vc_h,
+            Vs + b * s_vm_b + h * s_vm_h, Vb + b * s_vm_b + h * s_vm_h)
+
+
+@triton.jit
 def _dot_acc(a, b, acc, IEEE: tl.constexpr):
     if IEEE:
         out = tl.dot(a, b, acc, input_precision="ieee")

@@ -17,7 +17,9 @@ rows' log-sum-exp.
 import triton
 import triton.language as tl
 
-from kvtax.attention.kernels.common import attn_step, sequence_of, split_range, tile_meta
+from kvtax.attention.kernels.common import (
+    attn_step, head_pointers, load_queries, sequence_of, split_range, tile_meta,
+)
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
@@ -52,22 +54,11 @@ def _decode_attn_split_kernel(
     o_l = o_m // G
     m_row = o_m < n_rows
     q_pos = length - n_q + o_l
-    o_d = tl.arange(0, HALF)
-    m_d = o_d < DH
-    p_q = Q + b * s_qb + (h * G + o_m % G)[:, None] * s_qh + o_l.to(tl.int64)[:, None] * s_ql
-    m_q = m_row[:, None] & m_d[None, :]
-    q_lo = tl.load(p_q + o_d[None, :] * s_qd, mask=m_q, other=0.0)  # [BLOCK_M, HALF]
-    q_hi = tl.load(p_q + (o_d + DH)[None, :] * s_qd, mask=m_q, other=0.0)
-    if IEEE:  # float32 dots throughout (fp32 models; bf16 under the interpreter)
-        q_lo = q_lo.to(tl.float32)
-        q_hi = q_hi.to(tl.float32)
-
-    p_kc = Kc + b * s_kc_b + h * s_kc_h
-    p_ks = Ks + b * s_km_b + h * s_km_h
-    p_kb = Kb + b * s_km_b + h * s_km_h
-    p_vc = Vc + b * s_vc_b + h * s_vc_h
-    p_vs = Vs + b * s_vm_b + h * s_vm_h
-    p_vb = Vb + b * s_vm_b + h * s_vm_h
+    q_lo, q_hi = load_queries(Q, b, h, o_m, o_l, m_row, s_qb, s_qh, s_ql, s_qd, G, HALF, DH,
+                              IEEE)  # [BLOCK_M, HALF]
+    p_kc, p_ks, p_kb, p_vc, p_vs, p_vb = head_pointers(
+        Kc, Ks, Kb, Vc, Vs, Vb, b, h, s_kc_b, s_kc_h, s_km_b, s_km_h, s_vc_b, s_vc_h, s_vm_b,
+        s_vm_h)
 
     acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
     acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
@@ -92,5 +83,7 @@ def _decode_attn_split_kernel(
     tl.store(PartM + row, m_i, mask=m_row)
     tl.store(PartL + row, l_i, mask=m_row)
     p_o = PartO + row[:, None] * HEAD_DIM
+    o_d = tl.arange(0, HALF)
+    m_q = m_row[:, None] & (o_d < DH)[None, :]
     tl.store(p_o + o_d[None, :], acc_lo, mask=m_q)
     tl.store(p_o + (o_d + DH)[None, :], acc_hi, mask=m_q)

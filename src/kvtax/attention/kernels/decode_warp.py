@@ -31,7 +31,9 @@ the unmasked path.
 import triton
 import triton.language as tl
 
-from kvtax.attention.kernels.common import _tanh, sequence_of, split_range, visible
+from kvtax.attention.kernels.common import (
+    _dot_acc, _tanh, head_pointers, sequence_of, split_range, visible,
+)
 
 
 @triton.jit
@@ -253,15 +255,6 @@ def _meta(p_s, p_b, start, m_n, s_mt, BLOCK_N: tl.constexpr, FMT: tl.constexpr,
 
 
 @triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr):
-    if IEEE:
-        out = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc)
-    return out
-
-
-@triton.jit
 def _vmax(vs_lo, vs_hi, FMT: tl.constexpr):
     """Largest V scale of a tile (0 for float formats, which have none)."""
     if FMT == 0:
@@ -276,9 +269,9 @@ def _pv(acc, p, v, scale, inv_t, DT: tl.constexpr, FMT: tl.constexpr, IEEE: tl.c
     """acc + P @ v for float V, acc + (P * scale / T) @ codes for quantized V (the biases
     are summed separately; `inv_t` = 1 / T, see the kernel)."""
     if FMT == 0:
-        acc = _dot(p.to(DT), v, acc, IEEE)
+        acc = _dot_acc(p.to(DT), v, acc, IEEE)
     else:
-        acc = _dot((p * (scale * inv_t)[None, :]).to(DT), v, acc, IEEE)
+        acc = _dot_acc((p * (scale * inv_t)[None, :]).to(DT), v, acc, IEEE)
     return acc
 
 
@@ -319,16 +312,16 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, start, m_n, s_km, BLOCK_N, K_FMT, K_NG)
     zeros_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if K_FMT == 0:
-        s = _dot(q_hi, tl.trans(k_hi), _dot(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
+        s = _dot_acc(q_hi, tl.trans(k_hi), _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
         s = s * qk_scale
     elif K_FMT == 3 or K_NG == 1:  # one scale per row: one accumulator for both halves
-        s = _dot(q_hi, tl.trans(k_hi), _dot(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
+        s = _dot_acc(q_hi, tl.trans(k_hi), _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
         s = s * (ks_lo * qk_scale)[None, :]
         if K_FMT != 3:
             s += (qs_lo + qs_hi)[:, None] * (kb_lo * qk_scale)[None, :]
     else:
-        s = _dot(q_lo, tl.trans(k_lo), zeros_s, IEEE) * (ks_lo * qk_scale)[None, :]
-        s += _dot(q_hi, tl.trans(k_hi), zeros_s, IEEE) * (ks_hi * qk_scale)[None, :]
+        s = _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE) * (ks_lo * qk_scale)[None, :]
+        s += _dot_acc(q_hi, tl.trans(k_hi), zeros_s, IEEE) * (ks_hi * qk_scale)[None, :]
         s += qs_lo[:, None] * (kb_lo * qk_scale)[None, :]
         s += qs_hi[:, None] * (kb_hi * qk_scale)[None, :]
     if SOFTCAP:
@@ -367,10 +360,10 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
         v_a, v_b, v_c, v_d = _v_pairs(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
         p_lo = (p * (vs_lo * inv_t)[None, :]).to(V_DT)
         p_hi = (p * (vs_hi * inv_t)[None, :]).to(V_DT)
-        acc_lo = _dot(p_lo, v_a, acc_lo, IEEE)
-        acc_hi = _dot(p_lo, v_b, acc_hi, IEEE)
-        acc_c = _dot(p_hi, v_c, acc_c, IEEE)
-        acc_d = _dot(p_hi, v_d, acc_d, IEEE)
+        acc_lo = _dot_acc(p_lo, v_a, acc_lo, IEEE)
+        acc_hi = _dot_acc(p_lo, v_b, acc_hi, IEEE)
+        acc_c = _dot_acc(p_hi, v_c, acc_c, IEEE)
+        acc_d = _dot_acc(p_hi, v_d, acc_d, IEEE)
     else:
         v_lo, v_hi = _operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
         acc_lo = _pv(acc_lo, p, v_lo, vs_lo, inv_t, V_DT, V_FMT, IEEE)
@@ -421,12 +414,9 @@ def _decode_warp_kernel(
     qs_lo = tl.sum(q_lo.to(tl.float32), 1)
     qs_hi = tl.sum(q_hi.to(tl.float32), 1)
 
-    p_kc = Kc + b * s_kc_b + h * s_kc_h
-    p_ks = Ks + b * s_km_b + h * s_km_h
-    p_kb = Kb + b * s_km_b + h * s_km_h
-    p_vc = Vc + b * s_vc_b + h * s_vc_h
-    p_vs = Vs + b * s_vm_b + h * s_vm_h
-    p_vb = Vb + b * s_vm_b + h * s_vm_h
+    p_kc, p_ks, p_kb, p_vc, p_vs, p_vb = head_pointers(
+        Kc, Ks, Kb, Vc, Vs, Vb, b, h, s_kc_b, s_kc_h, s_km_b, s_km_h, s_vc_b, s_vc_h, s_vm_b,
+        s_vm_h)
 
     if V_PAIRS:  # dims 2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1 (see _v_pairs)
         acc_lo = tl.zeros([BLOCK_M, HEAD_DIM // 4], dtype=tl.float32)

@@ -16,7 +16,9 @@ the query or before `min_key` (one part of a hybrid cache, see kvtax.attention.l
 import triton
 import triton.language as tl
 
-from kvtax.attention.kernels.common import attn_step, sequence_of, tile_meta
+from kvtax.attention.kernels.common import (
+    attn_step, head_pointers, load_queries, sequence_of, tile_meta,
+)
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q"])
@@ -46,22 +48,11 @@ def _prefill_attn_fwd_kernel(
     o_l = o_m // G
     m_row = o_l < n_q
     q_pos = length - n_q + o_l  # [BLOCK_M]
-    o_d = tl.arange(0, HALF)
-    m_d = o_d < DH
-    p_q = Q + b * s_qb + (h * G + o_m % G)[:, None] * s_qh + o_l.to(tl.int64)[:, None] * s_ql
-    m_q = m_row[:, None] & m_d[None, :]
-    q_lo = tl.load(p_q + o_d[None, :] * s_qd, mask=m_q, other=0.0)  # [BLOCK_M, HALF]
-    q_hi = tl.load(p_q + (o_d + DH)[None, :] * s_qd, mask=m_q, other=0.0)
-    if IEEE:  # float32 dots throughout (fp32 models; bf16 under the interpreter)
-        q_lo = q_lo.to(tl.float32)
-        q_hi = q_hi.to(tl.float32)
-
-    p_kc = Kc + b * s_kc_b + h * s_kc_h
-    p_ks = Ks + b * s_km_b + h * s_km_h
-    p_kb = Kb + b * s_km_b + h * s_km_h
-    p_vc = Vc + b * s_vc_b + h * s_vc_h
-    p_vs = Vs + b * s_vm_b + h * s_vm_h
-    p_vb = Vb + b * s_vm_b + h * s_vm_h
+    q_lo, q_hi = load_queries(Q, b, h, o_m, o_l, m_row, s_qb, s_qh, s_ql, s_qd, G, HALF, DH,
+                              IEEE)  # [BLOCK_M, HALF]
+    p_kc, p_ks, p_kb, p_vc, p_vs, p_vb = head_pointers(
+        Kc, Ks, Kb, Vc, Vs, Vb, b, h, s_kc_b, s_kc_h, s_km_b, s_km_h, s_vc_b, s_vc_h, s_vm_b,
+        s_vm_h)
 
     acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
     acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
@@ -127,6 +118,8 @@ def _prefill_attn_fwd_kernel(
     inv = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
     p_o = Out + b * s_ob + (h * G + o_m % G)[:, None] * s_oh + o_l.to(tl.int64)[:, None] * s_ol
     dtype = Out.dtype.element_ty
+    o_d = tl.arange(0, HALF)
+    m_q = m_row[:, None] & (o_d < DH)[None, :]
     tl.store(p_o + o_d[None, :], (acc_lo * inv[:, None]).to(dtype), mask=m_q)
     tl.store(p_o + (o_d + DH)[None, :], (acc_hi * inv[:, None]).to(dtype), mask=m_q)
     if HAS_LSE:  # natural-log sum of exp(scores) per row, Lse [B, H_q, L]; -inf: no key
