@@ -23,12 +23,12 @@ import argparse
 import datetime as dt
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from attention import _git_commit  # benchmarks/ is the script's folder
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -209,14 +209,6 @@ def main(argv=None) -> int:
     print(table(rows))
     print(f"\nresults in {out_dir / 'quantize.json'}")
     return 0
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001  (the device's copy of the tree may have no .git)
-        return "unknown"
 
 
 if __name__ == "__main__":

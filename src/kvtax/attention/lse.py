@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvtax.attention.reference import visible
+from kvtax.attention.reference import online_step, visible
 from kvtax.attention.view import CacheView
 from kvtax.errors import ShapeError
 from kvtax.formats import rotate
@@ -63,19 +63,7 @@ def attention_lse(
         mask &= (q_pos[:, None] - k_pos[None, :] >= min_distance) & (k_pos[None, :] >= min_key)
         if not bool(mask.any()):
             continue  # a tile no query of this part may read costs nothing
-        kt = view.spec.key.dequantize(view.k.slice_tokens(start, end))  # [B, Hkv, T, D]
-        vt = view.spec.value.dequantize(view.v.slice_tokens(start, end))
-        s = torch.einsum("bhgld,bhtd->bhglt", qg, kt)
-        if softcap:
-            s = softcap * torch.tanh(s / softcap)
-        s = s.masked_fill(~mask, -math.inf)
-        m_new = torch.maximum(m, s.amax(-1))
-        base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp(s - base[..., None])
-        alpha = torch.exp(m - base)
-        denom = denom * alpha + p.sum(-1)
-        acc = acc * alpha[..., None] + torch.einsum("bhglt,bhtd->bhgld", p, vt)
-        m = m_new
+        m, denom, acc = online_step(qg, view, start, end, mask, softcap, m, denom, acc)
     out = acc / denom.clamp_min(1e-30)[..., None]
     lse = torch.where(denom > 0, m + torch.log(denom.clamp_min(1e-30)), -math.inf)
     out = out.flatten(1, 2)

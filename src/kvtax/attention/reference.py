@@ -141,19 +141,32 @@ def attention_blockwise(
             continue  # a tile wholly outside the causal band or window costs nothing
         pad = _padding_mask(kv_start, k_pos)
         mask = mask if pad is None else mask & pad  # [L, T] or [B, 1, 1, L, T]
-        kt = view.spec.key.dequantize(view.k.slice_tokens(start, end))  # [B, Hkv, T, D]
-        vt = view.spec.value.dequantize(view.v.slice_tokens(start, end))
-        s = _softcap(torch.einsum("bhgld,bhtd->bhglt", qg, kt), softcap)
-        s = s.masked_fill(~mask, -math.inf)
-        m_new = torch.maximum(m, s.amax(-1))
-        base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp(s - base[..., None])
-        alpha = torch.exp(m - base)
-        denom = denom * alpha + p.sum(-1)
-        acc = acc * alpha[..., None] + torch.einsum("bhglt,bhtd->bhgld", p, vt)
-        m = m_new
+        m, denom, acc = online_step(qg, view, start, end, mask, softcap, m, denom, acc)
     out = acc / denom.clamp_min(1e-30)[..., None]
     return unrotate_output(out.flatten(1, 2), view).to(q.dtype)
+
+
+def online_step(
+    qg: torch.Tensor, view: CacheView, start: int, end: int, mask: torch.Tensor,
+    softcap: float | None, m: torch.Tensor, denom: torch.Tensor, acc: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One online-softmax step of the blockwise references over slots `[start, end)`.
+
+    qg `[B, Hkv, G, L, D]` float32 (scaled, rotated as the stored keys are); mask
+    broadcastable to the scores `[B, Hkv, G, L, T]`; state m, denom `[B, Hkv, G, L]`
+    (running max, sum of exp) and acc `[B, Hkv, G, L, D]`. Only this tile is dequantized.
+    """
+    kt = view.spec.key.dequantize(view.k.slice_tokens(start, end))  # [B, Hkv, T, D]
+    vt = view.spec.value.dequantize(view.v.slice_tokens(start, end))
+    s = _softcap(torch.einsum("bhgld,bhtd->bhglt", qg, kt), softcap)
+    s = s.masked_fill(~mask, -math.inf)
+    m_new = torch.maximum(m, s.amax(-1))
+    base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+    p = torch.exp(s - base[..., None])
+    alpha = torch.exp(m - base)
+    denom = denom * alpha + p.sum(-1)
+    acc = acc * alpha[..., None] + torch.einsum("bhglt,bhtd->bhgld", p, vt)
+    return m_new, denom, acc
 
 
 def attention_naive(

@@ -29,6 +29,8 @@ import argparse
 import shlex
 import sys
 
+from kvtax.cli.options import add_model_dtype, add_run_folder
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -55,21 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="KV format of the reference run (default fp16)")
     p.add_argument("--sliding-kv", default=None,
                    help="KV format of sliding-window layers (default: the arm's format)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--dtype", default=None,
-                   help="model dtype: float32, bfloat16, float16 (default float32 on CPU, "
-                        "bfloat16 on CUDA)")
+    add_model_dtype(p)
     p.add_argument("--chunk-size", type=int, default=256,
                    help="prefill chunk in tokens; logits of a whole chunk are held at once "
                         "(default 256)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--out", default="runs", help="folder that receives the run folder "
-                   "(default runs)")
-    p.add_argument("--name", default="quality", help="run folder name suffix (default quality)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR",
-                   help="continue a run folder: cells with a row are skipped")
-    p.add_argument("--no-report", action="store_true", help="skip report.md at the end")
+    add_run_folder(p, "quality", "cells")
     p.set_defaults(func=run)
 
 

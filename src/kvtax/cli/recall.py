@@ -20,6 +20,8 @@ import argparse
 import shlex
 import sys
 
+from kvtax.cli.options import add_model_dtype, add_run_folder
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -47,10 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=("auto", "kvtax", "hf"), default="auto",
                    help="kvtax runner (every KV format) or transformers' own cache "
                         "(unquantized only); auto: kvtax when it can load the model")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--dtype", default=None,
-                   help="model dtype: float32, bfloat16, float16 (default float32 on CPU, "
-                        "bfloat16 on CUDA)")
+    add_model_dtype(p)
     p.add_argument("--chunk-size", type=int, default=2048, help="prefill chunk in tokens "
                    "(default 2048)")
     p.add_argument("--sliding-kv", default=None,
@@ -59,12 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="generation budget per answer (default: the fact's sentence + 8 tokens)")
     p.add_argument("--no-chat", action="store_true",
                    help="do not apply the chat template (base models: 'Answer:' prompt)")
-    p.add_argument("--out", default="runs", help="folder that receives the run folder "
-                   "(default runs)")
-    p.add_argument("--name", default="recall", help="run folder name suffix (default recall)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR",
-                   help="continue a run folder: questions with a row are skipped")
-    p.add_argument("--no-report", action="store_true", help="skip report.md at the end")
+    add_run_folder(p, "recall", "questions")
     p.set_defaults(func=run)
 
 

@@ -1,0 +1,24 @@
+"""Option groups that several commands share (so their spelling and defaults agree)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_model_dtype(p: argparse.ArgumentParser) -> None:
+    """--device, --dtype: where the model runs and in what precision."""
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--dtype", default=None,
+                   help="model dtype: float32, bfloat16, float16 (default float32 on CPU, "
+                        "bfloat16 on CUDA)")
+
+
+def add_run_folder(p: argparse.ArgumentParser, name: str, unit: str) -> None:
+    """--out, --name, --resume, --no-report: the run folder a command writes its rows to;
+    `name` is the folder suffix, `unit` what one row is ("cells", "questions")."""
+    p.add_argument("--out", default="runs", help="folder that receives the run folder "
+                   "(default runs)")
+    p.add_argument("--name", default=name, help=f"run folder name suffix (default {name})")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help=f"continue a run folder: {unit} with a row are skipped")
+    p.add_argument("--no-report", action="store_true", help="skip report.md at the end")
