@@ -17,7 +17,14 @@ from kvtax.cache import FullCache
 
 
 def kvtax_arm(q, view: CacheView, lengths, config=None):
-    """Fused kernels reading the quantized cache (device lengths: the CUDA-graph mode)."""
+    """Fused kernels reading the quantized cache (device lengths: the CUDA-graph mode).
+    A Hadamard-rotated spec (`+hk`) rotates the query first, as `kvtax.attention` does,
+    so the rotation's launch is part of the timed call."""
+    from kvtax.attention.reference import rotate_query, unrotate_output
+
+    if view.spec.rotate:
+        return lambda: unrotate_output(
+            triton_attention(rotate_query(q, view), view, lengths=lengths, config=config), view)
     return lambda: triton_attention(q, view, lengths=lengths, config=config)
 
 

@@ -44,7 +44,8 @@ from report import markdown_summary  # noqa: E402
 from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
 from kvtax.cache import FullCache  # noqa: E402
 
-KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8"}
+KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8",
+         "kvtax-int8hk": "int8+hk"}
 ALL_ARMS = [
     *KVTAX, "sdpa-flash", "sdpa-cudnn", "hf-dequant-sdpa-int8", "hf-dequant-sdpa-int4",
     "unfused-int8", "unfused-int4",
@@ -61,6 +62,14 @@ SWEEP_DECODE = {
     "n16r168sm12": dict(block_n=16, maxnreg=168, per_sm=12),
     "bytes": dict(v_pairs=False), "n64r168sm12": dict(block_n=64, maxnreg=168, per_sm=12),
     "sm10": dict(per_sm=10),
+    # branch-free rescaling (212 registers for int8: 9 resident warps) and register caps
+    # that fit 10-11 warps per SM without spilling (compile_check's regs/stack columns)
+    "eager": dict(lazy=False), "eager-sm9": dict(lazy=False, per_sm=9),
+    "eager-r192sm10": dict(lazy=False, maxnreg=192, per_sm=10),
+    "eager-r184sm11": dict(lazy=False, maxnreg=184, per_sm=11),
+    "eager-s2r184sm11": dict(lazy=False, num_stages=2, maxnreg=184, per_sm=11),
+    "eager-n16r128sm16": dict(lazy=False, block_n=16, maxnreg=128, per_sm=16),
+    "eager-n16r168sm12": dict(lazy=False, block_n=16, maxnreg=168, per_sm=12),
 }
 SWEEP_PREFILL = {
     "n64": dict(block_n=64), "n128": dict(block_n=128), "f32math": dict(f16_math=False),
@@ -89,6 +98,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"subset of {sorted({*SWEEP_DECODE, *SWEEP_PREFILL})}")
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="start no new cell after this many seconds (rows so far are kept)")
+    p.add_argument("--flush", choices=["write", "read"], default="write",
+                   help="evict L2 between replays by writing 256 MiB (leaves dirty lines the "
+                        "timed call writes back) or by reading it (clean lines)")
+    p.add_argument("--kernel-times", action="store_true",
+                   help="also record each kernel's mean device time (torch.profiler, eager "
+                        "calls) per cell: split vs reduce, rotation, casts")
     p.add_argument("--out", default="runs/attention", help="results go to OUT/<timestamp>/")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, no graphs")
     return p.parse_args(argv)
@@ -97,9 +112,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 class Timer:
     """Median / p20 / p80 ms of a CUDA-graph replay of `fn`, L2 flushed before each."""
 
-    def __init__(self, reps: int, dry: bool) -> None:
-        self.reps, self.dry = reps, dry
+    def __init__(self, reps: int, dry: bool, flush: str = "write") -> None:
+        self.reps, self.dry, self.mode = reps, dry, flush
         self.flush = None if dry else torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def evict(self) -> None:
+        """Push the timed call's data out of L2: a 256 MiB write (the dirty lines it leaves
+        are written back during the next call) or read (clean lines, nothing to write)."""
+        if self.mode == "write":
+            self.flush.zero_()
+        else:
+            torch.amax(self.flush.view(torch.int32))
 
     def __call__(self, fn) -> tuple[float, float, float]:
         if self.dry:
@@ -122,7 +145,7 @@ class Timer:
         graph.replay()
         events = []
         for _ in range(self.reps):
-            self.flush.zero_()
+            self.evict()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             graph.replay()
@@ -222,7 +245,7 @@ def main(argv=None) -> None:
         device=torch.cuda.get_device_name(0) if not dry else "cpu (dry run)",
         torch=torch.__version__, triton=triton.__version__, git=_git_commit(), args=vars(args),
     )
-    timer = Timer(args.reps, dry)
+    timer = Timer(args.reps, dry, args.flush)
     t0 = time.time()
     ceiling, ceiling_rows = (float("nan"), []) if dry else _ceiling(timer)
     config["read_ceiling_tbps"], config["read_ceiling_kernels"] = ceiling, ceiling_rows
@@ -259,7 +282,9 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
     kv = [torch.randn(b, hkv, ctx, d, generator=gen, device=dev, dtype=torch.float16)
           for _ in range(2)]
     caches = {}
-    for fmt in ("fp16", "int8", "int4", "fp8"):
+    wanted = {"fp16", "int8", "int4", "fp8"} | {KVTAX[a.split("@")[0]] for _, _, a in cells
+                                                if a.split("@")[0] in KVTAX}
+    for fmt in sorted(wanted):
         caches[fmt] = FullCache(fmt, capacity=ctx)
         caches[fmt].append(*kv)
     lengths = torch.full((b,), ctx, dtype=torch.int32, device=dev)
@@ -290,6 +315,8 @@ def run_cell(arm, phase, ctx, q, caches, kv, lengths, expect, timer, ceiling, ar
         row["rel_err_vs_fp16"] = arms._rel_err(out, expect)
         del out
         ms, p20, p80 = timer(fn)
+        if args.kernel_times and not args.dry_run:
+            row["kernel_us"] = kernel_times(fn)
         moved = nbytes + 2 * q.numel() * q.element_size()
         row.update(median_ms=ms, p20_ms=p20, p80_ms=p80, bytes=moved, flops=flops(hq, d, n_q, ctx),
                    transient_mib=mem / 2**20)
@@ -303,6 +330,24 @@ def run_cell(arm, phase, ctx, q, caches, kv, lengths, expect, timer, ceiling, ar
     if not args.dry_run:
         torch.cuda.empty_cache()
     return row
+
+
+def kernel_times(fn, calls: int = 10) -> dict[str, float]:
+    """Mean device µs per call of each kernel `fn` launches (eager calls, profiled)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            name = ev.name[:60]
+            times[name] = times.get(name, 0.0) + ev.device_time / calls
+    return {k: round(v, 2) for k, v in sorted(times.items(), key=lambda kv: -kv[1])}
 
 
 def _ceiling(timer):

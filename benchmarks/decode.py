@@ -56,6 +56,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
                    help="weight dtype (default bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--no-cuda-graph", action="store_true", help="time eager decode instead")
+    p.add_argument("--compile", choices=["off", "on", "both"], default="off",
+                   help="torch.compile the decode step before capturing its graph (fuses "
+                        "norms, RoPE, adds; compile time is excluded from the timing); "
+                        "'both' times every cell plain and compiled, side by side")
     p.add_argument("--bw-mib", type=int, default=None,
                    help="buffer for the bandwidth probe in MiB (default 4096 CUDA, 256 CPU)")
     p.add_argument("--max-cell-seconds", type=float, default=60.0,
@@ -88,13 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(cfg, dtype=dtype, device=dev, seed=0)
     weight_bytes = _weight_bytes_per_token(model)
     rows = []
+    compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     for ctx in contexts:
-        for kv in formats:
+        for kv, compiled in ((kv, c) for kv in formats for c in compiles):
             row = {"config": cfg.name, "context": ctx, "kv": kv, "batch": args.batch,
                    "dtype": str(dtype), "device": _device_name(dev),
-                   "weight_bytes": weight_bytes, "read_bw_Bps": bw}
+                   "weight_bytes": weight_bytes, "read_bw_Bps": bw, "compiled": compiled}
             try:
-                row.update(run_cell(model, kv, ctx, args))
+                row.update(run_cell(model, kv, ctx, args, compiled))
                 total = weight_bytes + row["kv_bytes"]
                 row["roofline_ms"] = 1000 * total / bw
                 row["roofline_fraction"] = row["roofline_ms"] / row["ms_median"]
@@ -115,10 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_cell(model, kv: str, ctx: int, args: argparse.Namespace) -> dict:  # noqa: ANN001
+def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
+             compiled: bool = False) -> dict:
     """Fill a cache to `ctx` tokens with random K/V, then time real decode steps."""
     dev = model.embed.weight.device
-    runner = Runner(model, kv=kv, cuda_graph=False if args.no_cuda_graph else None)
+    if compiled:
+        torch._dynamo.reset()  # a fresh trace per cell: new caches, no recompile limit hit
+    runner = Runner(model, kv=kv, cuda_graph=False if args.no_cuda_graph else None,
+                    compile=compiled)
     caches = runner.make_caches(capacity=ctx + args.warmup + args.tokens + args.profile + 2)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -152,37 +161,34 @@ _KINDS = (
     ("attention", ("_decode_", "_prefill_attn", "_reduce_kernel")),
     ("store", ("_quantize_store", "_store_")),
     ("gemm", ("gemv", "gemm", "cutlass", "xmma", "sm90_", "cublas", "splitk", "matmul")),
-    ("norm", ("rms_norm", "rmsnorm", "norm")),
+    ("norm", ("rms_norm", "rmsnorm", "norm", "rsqrt")),  # rsqrt: inductor's fused norms
 )
 
 
 def kernel_breakdown(runner, caches, tok, n: int) -> dict:  # noqa: ANN001
-    """GPU kernel time per decode step by kind, from torch.profiler over `n` eager steps.
+    """GPU kernel time per decode step by kind, from torch.profiler over `n` steps.
 
-    Eager (the graph hides its kernels from the profiler) but the kernels are the same
-    ones the graph replays; what the graph adds or removes is the gaps between them, so
-    `graph ms/token - kernel_ms_per_step` is the launch/idle overhead inside the graph.
+    The steps run as the timing ran them: CUDA-graph replays (CUPTI reports the kernels
+    inside a replayed graph), compiled or not; eager steps with --no-cuda-graph.
+    `ms/token - kernel_ms_per_step` is then the idle time between kernels.
     """
     from torch.profiler import ProfilerActivity, profile
 
     if not tok.is_cuda or n <= 0:
         return {}
-    saved, runner.cuda_graph = runner.cuda_graph, False
-    try:
-        runner.decode_step(tok, caches)
+    runner.decode_step(tok, caches)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(n):
-                tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
-            torch.cuda.synchronize()
-    finally:
-        runner.cuda_graph = saved
     by_kind: dict[str, float] = {}
     launches = 0
     top: dict[str, float] = {}
     for evt in prof.key_averages():
         us = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
-        if not us or evt.key.startswith(("cudaLaunch", "cuLaunch", "Memcpy", "Memset")):
+        skip = ("cudaLaunch", "cuLaunch", "cudaGraph", "Memcpy", "Memset")
+        if not us or evt.key.startswith(skip):
             continue
         name = evt.key.lower()
         kind = next((k for k, keys in _KINDS if any(x in name for x in keys)), "other")
@@ -190,6 +196,7 @@ def kernel_breakdown(runner, caches, tok, n: int) -> dict:  # noqa: ANN001
         launches += evt.count
         top[evt.key[:80]] = top.get(evt.key[:80], 0.0) + us / 1000 / n
     return {
+        "profiled": "graph" if runner._graph is not None and runner.cuda_graph else "eager",
         "kernel_ms_per_step": sum(by_kind.values()),
         "kernel_ms_by_kind": {k: round(v, 4) for k, v in sorted(by_kind.items())},
         "launches_per_step": launches / n,
@@ -291,7 +298,8 @@ def markdown_table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['context']} | {r['kv']} | {r['ms_median']:.3f} ({r['ms_p20']:.3f}-"
             f"{r['ms_p80']:.3f}) | {r['roofline_ms']:.3f} | {100 * r['roofline_fraction']:.0f}% | "
-            f"{r['kv_bytes'] / 2**20:.1f} | {'yes' if r['cuda_graph'] else 'no'} |"
+            f"{r['kv_bytes'] / 2**20:.1f} | {'yes' if r['cuda_graph'] else 'no'}"
+            f"{' (compiled)' if r.get('compiled') else ''} |"
         )
     return "\n".join(lines)
 
@@ -299,7 +307,8 @@ def markdown_table(rows: list[dict]) -> str:
 def _row_line(r: dict) -> str:
     if "error" in r:
         return f"ctx {r['context']:>7} {r['kv']:>6}: {r['error']}"
-    line = (f"ctx {r['context']:>7} {r['kv']:>6}: {r['ms_median']:.3f} ms/token, roofline "
+    line = (f"ctx {r['context']:>7} {r['kv']:>6}{' compiled' if r.get('compiled') else ''}: "
+            f"{r['ms_median']:.3f} ms/token, roofline "
             f"{r['roofline_ms']:.3f} ms ({100 * r['roofline_fraction']:.0f}%)")
     if "kernel_ms_per_step" in r:
         kinds = ", ".join(f"{k} {v:.3f}" for k, v in r["kernel_ms_by_kind"].items())

@@ -12,8 +12,8 @@ reads a `--context`-token prompt and generates `--new-tokens` tokens, once per (
          static        preallocated caches (StaticCache / KVTaxCache(max_cache_len=…)), no compile
          compiled      static caches + transformers' auto torch.compile of the decode step,
                        once per `--compile-modes` entry ("compiled:reduce-overhead" uses CUDA
-                       graphs; a graph with dynamic sizes is run without them rather than
-                       re-recorded every step, see `cudagraph_skip_dynamic_graphs`)
+                       graphs; each compiled row records dynamo's counters: compiles,
+                       recompiles, CUDA-graph partitions)
 
 Each row: TTFT, decode tokens/s with per-token median/p20/p80 ms, peak memory above the
 weights in the prefill and in the decode phase (split by a logits processor that runs
@@ -153,6 +153,18 @@ def cache_bytes(cache) -> int | None:
     return total
 
 
+def _dynamo_counters() -> dict:
+    """Compiles, recompiles, graph breaks and CUDA-graph skips of this row (a compiled row
+    that runs its graphs without CUDA graphs is host-bound: the table alone hides why)."""
+    from torch._dynamo.utils import counters
+
+    keep = ("stats", "recompiles", "graph_break", "frames", "inductor")
+    out = {k: dict(v) for k, v in counters.items() if v and k in keep}
+    if "inductor" in out:  # its many pattern-matcher/cache counts are noise here
+        out["inductor"] = {k: v for k, v in out["inductor"].items() if "cudagraph" in k}
+    return out
+
+
 def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:
     row: dict = {
         "arm": arm,
@@ -162,6 +174,10 @@ def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:
         "batch": args.batch,
     }
     max_len = args.context + args.new_tokens + 1  # +1: a deferred stop check runs one extra step
+    if mode.startswith("compiled"):
+        from torch._dynamo.utils import counters
+
+        counters.clear()  # this row's compiles only (see _dynamo_counters)
     if device.type == "cuda":
         torch.cuda.synchronize()
     base = torch.cuda.memory_allocated() if device.type == "cuda" else 0  # weights, no cache
@@ -225,6 +241,8 @@ def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:
             ms_per_token_median=1e3 * statistics.median(steps) if steps else None,
             ms_per_token_p20=1e3 * _quantile(steps, 0.2) if steps else None,
             ms_per_token_p80=1e3 * _quantile(steps, 0.8) if steps else None,
+            step_ms=[round(1e3 * x, 3) for x in steps],  # spikes and drifts show here
+            dynamo=_dynamo_counters() if mode.startswith("compiled") else None,
             generated=int(out.shape[1] - ids.shape[1]),
             wall_s=wall,
             cache_bytes=cache_bytes(cache),
@@ -411,16 +429,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"building {args.config} ({args.dtype}, random weights) on {device}…", file=sys.stderr)
     with device:
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
-    # kvtax's decode graphs carry the cache length as a dynamic size; re-recording a CUDA
-    # graph for every new length would cost more than it saves (static-shape arms unaffected).
-    try:
+    env = environment(device)
+    # inductor's cudagraph_skip_dynamic_graphs stays at torch's default (off): on, it cut
+    # the static decode graphs into 258 CUDA-graph partitions and the compiled rows ran
+    # host-bound at 18-38 ms/token instead of 10-18 (H200, session 4, call 4: the counters
+    # each compiled row now records). KVTAX_HF_SKIP_DYNAMIC=1 turns it on to compare.
+    skip_dynamic = os.environ.get("KVTAX_HF_SKIP_DYNAMIC", "0") == "1"
+    if skip_dynamic:
         import torch._inductor.config as inductor_config
 
         inductor_config.triton.cudagraph_skip_dynamic_graphs = True
-        skip_dynamic = True
-    except (ImportError, AttributeError):  # an older torch: rows then show what it does
-        skip_dynamic = False
-    env = environment(device)
     env["cudagraph_skip_dynamic_graphs"] = skip_dynamic
     if device.type == "cuda":
         env["weights_gib"] = torch.cuda.memory_allocated() / GIB

@@ -117,6 +117,38 @@ def test_decode_split_counts(splits):
     check(q, view, config=cfg, what=f"splits{splits}")
 
 
+@pytest.mark.parametrize("splits", [5, 300])
+def test_split_reduce_merges_partials(splits):
+    """The reduce kernel alone on random partials (some splits empty), both its one-shot
+    path (<= 256 splits) and its chunked one: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s
+    - M) l_s, and the log-sum-exp beside it."""
+    from kvtax.attention.kernels.reduce import _decode_attn_reduce_kernel
+    import triton
+
+    gen = torch.Generator().manual_seed(splits)
+    bh, g, n_q, d = 2, 3, 2, 64
+    rows = g * n_q
+    part_o = torch.randn(bh, splits, rows, d, generator=gen).to(DEVICE)
+    part_m = (4 * torch.randn(bh, splits, rows, generator=gen)).to(DEVICE)
+    part_l = (torch.rand(bh, splits, rows, generator=gen) + 0.5).to(DEVICE)
+    part_m[:, 1::4] = float("-inf")  # empty splits weigh nothing
+    part_l[:, 1::4] = 0.0
+    out = torch.full((1, bh * g, n_q, d), float("nan"), device=DEVICE)
+    lse = torch.full((1, bh * g, n_q), float("nan"), device=DEVICE)
+    pad = triton.next_power_of_2(splits)
+    _decode_attn_reduce_kernel[(bh, rows, d // 32)](
+        part_o, part_m, part_l, out, n_q, splits, bh, *out.stride()[:3], Lse=lse, HAS_LSE=True,
+        G=g, HEAD_DIM=d, D_BLOCK=32, SPLITS_PAD=pad, SPLIT_BLOCK=pad if pad <= 256 else 64,
+        num_warps=4)
+    top = part_m.amax(1, keepdim=True)
+    w = torch.exp2(part_m - top)
+    want = (w[..., None] * part_o).sum(1) / (w * part_l).sum(1)[..., None]  # [bh, rows, d]
+    want = want.view(bh, n_q, g, d).transpose(1, 2).reshape(1, bh * g, n_q, d)
+    ke.assert_close(out, want, atol=1e-5, rel_rms=1e-5, what=f"reduce-{splits}")
+    want_lse = (top.squeeze(1) + torch.log2((w * part_l).sum(1))) * 0.6931471805599453
+    torch.testing.assert_close(lse, want_lse.view(bh, n_q, g).transpose(1, 2).reshape(1, -1, n_q))
+
+
 def test_decode_matches_prefill_of_one_row():
     q, view = build("int4", d=128, h_kv=1, group=4, ctx=130, n_q=1)
     dec = triton_attention(q, view, config=LaunchConfig("decode", 16, 64, 4, 3, 2))
@@ -178,12 +210,17 @@ def test_kernels_really_run_here(spec, d, kernel):
 
 
 @pytest.mark.parametrize("grow", ["scores", "values"])
-@pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "k8v4", "fp16"])
-def test_decode_rescaling_across_tiles(spec, grow):
+@pytest.mark.parametrize("spec, lazy", [("int8", True), ("int4", True), ("fp8", True),
+                                        ("k8v4", True), ("fp16", True), ("int8", False),
+                                        ("int4", False)])
+def test_decode_rescaling_across_tiles(spec, lazy, grow):
     """decode_warp rescales lazily: when a row's max grows by more than 2^8 (scores
     that climb along the context) or a tile's V scales outgrow the reference by 2^6
     (values growing ~1100x while every tile keeps a similar weight). Neither may
-    overflow fp16 or drop the earlier tiles' share."""
+    overflow fp16 or drop the earlier tiles' share; nor may the branch-free variant
+    (`lazy=False`, every tile rescaled)."""
+    from kvtax.attention.triton_api import warp_decode_config
+
     gen = torch.Generator().manual_seed(7)
     ctx, d = 200, 64
     ramp = torch.linspace(0.0, 1.0, ctx)[None, None, :, None]
@@ -202,7 +239,8 @@ def test_decode_rescaling_across_tiles(spec, grow):
     cache = ke.FullCache(spec)
     cache.append(k.to(DEVICE, torch.float16), v.to(DEVICE, torch.float16))
     q = q.to(DEVICE, torch.float16)
-    out = triton_attention(q, cache.view())
+    cfg = warp_decode_config(q, cache.view(), lazy=lazy)
+    out = triton_attention(q, cache.view(), config=cfg)
     ref = ke.attention_blockwise(q.float(), cache.view())
     # outputs may reach ~1e2-1e3, where fp16's own rounding step is 0.06-0.5
     top = ref.abs().max().item()
@@ -210,21 +248,26 @@ def test_decode_rescaling_across_tiles(spec, grow):
                     what=f"rescale-{grow}-{spec}")
 
 
-@pytest.mark.parametrize("variant", ["bytes"])
+@pytest.mark.parametrize("variant", ["bytes", "eager"])
 @pytest.mark.parametrize(
     "spec, d, group, n_q, ctx, window",
     [("int8", 128, 4, 1, 130, None), ("int4", 64, 4, 2, 75, None), ("fp8", 64, 2, 1, 70, None),
      ("k8v4", 128, 4, 1, 40, 24), ("fp16", 64, 8, 1, 45, None), ("int4-g32", 64, 1, 5, 99, None)],
 )
 def test_decode_variants(variant, spec, d, group, n_q, ctx, window):
-    """The warp-decode launch variant the H200 sweep times against the default
-    (benchmarks/attention.py): V read as bytes instead of uint16 pairs."""
+    """Warp-decode launch variants the H200 sweep times against the default
+    (benchmarks/attention.py): V read as bytes instead of uint16 pairs; branch-free
+    rescaling of every tile."""
     from kvtax.attention.triton_api import warp_decode_config
 
     q, view = build(spec, d=d, h_kv=2, group=group, ctx=ctx, n_q=n_q, window=window,
                     sinks=2 if window else 0)
-    cfg = warp_decode_config(q, view, block_n=16, v_pairs=False)
-    assert cfg.kernel == "warp" and not cfg.v_pairs
+    if variant == "bytes":
+        cfg = warp_decode_config(q, view, block_n=16, v_pairs=False)
+        assert cfg.kernel == "warp" and not cfg.v_pairs
+    else:
+        cfg = warp_decode_config(q, view, block_n=16, lazy=False)
+        assert cfg.kernel == "warp" and not cfg.lazy
     check(q, view, what=f"{variant}-{spec}", config=cfg)
 
 

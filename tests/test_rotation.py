@@ -22,6 +22,39 @@ def test_hadamard_is_orthonormal_and_symmetric(d: int) -> None:
     assert torch.allclose(h[:block, :block].abs(), torch.full((block, block), block**-0.5).double())
 
 
+def test_hadamard_is_built_once_per_device() -> None:
+    """Attention rotates every call's queries: the matrix must not be copied from the
+    host each time (a CUDA graph cannot capture that copy, H200 session 4)."""
+    assert hadamard(128, "cpu") is hadamard(128, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("d", [64, 80, 96, 128, 256])
+def test_hadamard_built_from_indices_matches(d: int) -> None:
+    """The in-graph construction (compiled regions, CUDA-graph capture) is the same
+    matrix, bit for bit."""
+    from kvtax.formats.rotation import _hadamard_built
+
+    assert torch.equal(_hadamard_built(d, torch.device("cpu"), torch.float32), hadamard(d))
+
+
+def test_rotate_traces_without_host_tensors() -> None:
+    """Under torch.compile, rotate builds H inside the graph (no constant copied from
+    the host), and gives what eager gives."""
+    from kvtax.formats import rotate
+
+    x = torch.randn(2, 4, 3, 96)
+    seen = []
+
+    def backend(gm, inputs):  # records the traced ops, runs the graph as traced
+        seen.extend(str(n.target) for n in gm.graph.nodes)
+        return gm.forward
+
+    torch._dynamo.reset()
+    got = torch.compile(rotate, backend=backend, fullgraph=True)(x)
+    torch.testing.assert_close(got, rotate(x), rtol=0, atol=1e-6)
+    assert any("arange" in t for t in seen), seen  # built from indices in the graph
+
+
 @pytest.mark.parametrize("rot", ["hk", "hkv"])
 @pytest.mark.parametrize("d", [64, 96])
 def test_rotation_leaves_attention_unchanged_without_quantization(rot: str, d: int) -> None:

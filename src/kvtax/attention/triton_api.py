@@ -60,6 +60,7 @@ class LaunchConfig:
     kernel: str = "tile"  # decode: "warp" (decode_warp.py, one warp per split) or "tile"
     maxnreg: int | None = None  # register cap per thread (more resident warps), or None
     v_pairs: bool = True  # warp decode: int8/int4 V read as uint16 pairs where possible
+    lazy: bool = True  # warp decode: rescale only when the max grows by > 2^8 (a branch)
 
 
 def _interpreting() -> bool:
@@ -153,17 +154,18 @@ def launch_config(
 def warp_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     block_n: int = 32, per_sm: int = 8, num_stages: int = 3, num_warps: int = 1,
-    maxnreg: int | None = None, v_pairs: bool = True,
+    maxnreg: int | None = None, v_pairs: bool = True, lazy: bool = True,
 ) -> LaunchConfig:
     """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
     wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
     128k, notes/KERNELS.md); splits of >= 4 tiles."""
     bh = q.shape[0] * view.num_kv_heads
     tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
-    want = triton.cdiv(per_sm * _sm_count(q.device), bh)
+    # rounded down: a few programs past per_sm x SMs would run as a second, nearly empty wave
+    want = max(1, per_sm * _sm_count(q.device) // bh)
     splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
     return LaunchConfig("decode", 16, block_n, num_warps, num_stages, splits, kernel="warp",
-                        maxnreg=maxnreg, v_pairs=v_pairs)
+                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy)
 
 
 def tile_decode_config(
@@ -434,7 +436,9 @@ def _triton_attention(
     _decode_attn_reduce_kernel[(b * h_kv, rows, triton.cdiv(d, d_block))](
         part_o, part_m, part_l, out, n_q, splits, h_kv, *out.stride()[:3], **lse_args,
         G=group, HEAD_DIM=d, D_BLOCK=d_block,
-        SPLITS_PAD=splits_pad, SPLIT_BLOCK=min(splits_pad, 64), num_warps=4,
+        # all splits in one shot up to 256 (a [256, 32] float32 tile over 4 warps)
+        SPLITS_PAD=splits_pad, SPLIT_BLOCK=splits_pad if splits_pad <= 256 else 64,
+        num_warps=4,
     )
     return out
 
@@ -479,7 +483,7 @@ def _warp_args(view: CacheView, dtype: torch.dtype, cfg: LaunchConfig, common: d
             "SOFTCAP", "HAS_LENS", "IEEE", "HAS_KV_START", "num_warps", "num_stages")
     args = {k: common[k] for k in keep}
     args.update(K_NG=k_ng, V_NG=v_ng, K_DT=k_dt, V_DT=v_dt, ASM=not _interpreting(),
-                V_PAIRS=cfg.v_pairs and _v_pairs(view))
+                V_PAIRS=cfg.v_pairs and _v_pairs(view), LAZY=cfg.lazy)
     if cfg.maxnreg and not _interpreting():
         args["maxnreg"] = cfg.maxnreg
     return args

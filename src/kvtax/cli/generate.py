@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from kvtax.formats import DEFAULT_KV
+
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -30,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="The key-value cache", help="prompt text")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
-    p.add_argument("--kv", default="int8", help="KV format: fp16, int8, int4, fp8, k8v4, "
-                   "int4-g32, ... (default int8)")
+    p.add_argument("--kv", default=DEFAULT_KV, help="KV format: fp16, int8, int4, fp8, k8v4, "
+                   f"int4-g32, int8+hk, ... (default {DEFAULT_KV}: see docs/QUALITY.md)")
     p.add_argument("--sliding-kv", default=None,
                    help="format of sliding-window layers, e.g. fp16 (default: same as --kv)")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens at most (default 64)")
@@ -42,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling and random-weight seed")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens")
     p.add_argument("--no-cuda-graph", action="store_true", help="eager decode on CUDA")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the CUDA-graph decode step (fewer, fused kernels; "
+                        "a one-time compile before the first decode step)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
                    help="weight dtype (default bf16 on CUDA, fp32 on CPU)")
@@ -60,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     ids = tok.encode(prompt)
     runner = Runner(
         model, kv=args.kv, sliding_kv=args.sliding_kv, chunk_size=args.chunk_size,
-        cuda_graph=False if args.no_cuda_graph else None,
+        cuda_graph=False if args.no_cuda_graph else None, compile=args.compile,
     )
     stream = _Streamer(tok)
     sys.stdout.write(prompt)

@@ -24,6 +24,13 @@ from kvtax.formats.floats import FloatFormat
 from kvtax.formats.fp8 import FP8Format
 
 ROTATIONS = ("", "k", "kv")
+
+# The recommended KV format where a caller names none (Runner, KVTaxCache, `kvtax
+# generate`): int8 with Hadamard-rotated keys. Plain int8 (group 64) lost 2 of 20 planted
+# facts fp16 found on Qwen2.5-Coder-0.5B and missed the KL bound on Gemma-3; +hk kept every
+# fp16 fact and met the bound (docs/QUALITY.md), for one extra [H_q, D] x [D, D] GEMM per
+# decode call (H200 at 128k: 0.099 vs 0.092 ms per layer, docs/BENCHMARKS.md session 4).
+DEFAULT_KV = "int8+hk"
 FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "int8", "int4")
 _ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "fp8_e4m3": "fp8", "e4m3": "fp8"}
 _FORMAT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:-g(?P<group>\d+))?$")

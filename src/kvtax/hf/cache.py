@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 from transformers.cache_utils import Cache
 
 from kvtax.cache import make_caches
-from kvtax.formats import KVSpec
+from kvtax.formats import DEFAULT_KV, KVSpec
 from kvtax.hf.layers import KVTaxLayer
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -89,7 +89,7 @@ class KVTaxCache(Cache):
     def __init__(
         self,
         config: PretrainedConfig,
-        kv: str | KVSpec = "int8",
+        kv: str | KVSpec = DEFAULT_KV,
         *,
         sliding_kv: str | KVSpec | None = None,
         overrides: Mapping[int, str | KVSpec] | None = None,

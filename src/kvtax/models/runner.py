@@ -29,7 +29,7 @@ import torch
 
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.errors import CapacityError
-from kvtax.formats import KVSpec
+from kvtax.formats import DEFAULT_KV, KVSpec
 from kvtax.models.decoder import DecoderModel
 from kvtax.models.sampling import sample
 
@@ -61,22 +61,27 @@ class GenerationResult:
 class Runner:
     """Runs a DecoderModel over kvtax caches of one KV format.
 
-    kv:         format of global layers ("fp16", "int8", "int4", "k8v4", ...).
+    kv:         format of global layers ("fp16", "int8", "int4", "k8v4", ...; default
+                `kvtax.formats.DEFAULT_KV`, int8 with Hadamard-rotated keys).
     sliding_kv: format of sliding-window layers (default: `kv`), e.g. "fp16".
     chunk_size: prefill chunk in tokens (bounds activation memory at long prompts).
     cuda_graph: None → on for CUDA models; False forces eager decode.
     overrides:  layer index → format (e.g. keep layer 0 in fp16).
+    compile:    torch.compile the captured decode step (True: inductor, or a backend
+                name) so norms, RoPE, residual adds and activations fuse into fewer
+                kernels before the graph is captured; CUDA-graph decode only.
     """
 
     def __init__(
         self,
         model: DecoderModel,
-        kv: str | KVSpec = "int8",
+        kv: str | KVSpec = DEFAULT_KV,
         *,
         sliding_kv: str | KVSpec | None = None,
         chunk_size: int = 2048,
         cuda_graph: bool | None = None,
         overrides: dict[int, str | KVSpec] | None = None,
+        compile: bool | str = False,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -90,6 +95,10 @@ class Runner:
         if cuda_graph and not is_cuda:
             raise ValueError("cuda_graph=True needs a model on a CUDA device")
         self.cuda_graph = is_cuda if cuda_graph is None else cuda_graph
+        if compile and not self.cuda_graph:
+            raise ValueError("compile=True compiles the CUDA-graph decode step; it needs a "
+                             "CUDA model with cuda_graph on")
+        self.compile = compile
         self.graph_disabled_reason: str | None = None
         self._graph: _DecodeGraph | None = None
         self._blocked: tuple | None = None
@@ -234,7 +243,7 @@ class Runner:
             self.graph_disabled_reason = reason
             self._blocked = (id(caches), weakref.ref(caches[0]))
             return False
-        self._graph = _DecodeGraph.capture(self.model, caches)
+        self._graph = _DecodeGraph.capture(self.model, caches, compile=self.compile)
         self.graph_disabled_reason = None
         return True
 
@@ -268,7 +277,9 @@ class _DecodeGraph:
         self.first: weakref.ref | None = None
 
     @classmethod
-    def capture(cls, model: DecoderModel, caches: Sequence[BaseCache]) -> "_DecodeGraph":
+    def capture(
+        cls, model: DecoderModel, caches: Sequence[BaseCache], compile: bool | str = False
+    ) -> "_DecodeGraph":
         self = cls()
         dev = model.embed.weight.device
         batch = caches[0].store.batch  # type: ignore[union-attr]
@@ -276,11 +287,7 @@ class _DecodeGraph:
         self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=dev)
         self.pos = torch.full((1,), n, dtype=torch.long, device=dev)
         self.length = torch.full((batch,), n + 1, dtype=torch.int32, device=dev)
-        layers = list(caches)
-
-        def step() -> torch.Tensor:
-            out = model(self.tokens, layers, self.pos, write_pos=self.pos, length_t=self.length)
-            return out[:, -1].float()
+        step = decode_step_fn(model, caches, self.tokens, self.pos, self.length, compile)
 
         # Warm-up on a side stream compiles kernels and sizes workspaces outside capture.
         # It writes slot `n`, which the first real replay overwrites; for a ring that
@@ -310,6 +317,35 @@ class _DecodeGraph:
         for c in caches:
             c.advance(1)
         return self.logits.clone()
+
+
+def decode_step_fn(
+    model: DecoderModel,
+    caches: Sequence[BaseCache],
+    tokens: torch.Tensor,
+    pos: torch.Tensor,
+    length: torch.Tensor,
+    compile: bool | str = False,
+) -> Callable[[], torch.Tensor]:
+    """The decode step a graph captures: reads `tokens` `[B, 1]`, `pos` `[1]` (the slot to
+    write) and `length` int32 `[B]` (tokens after the write) from device tensors, writes
+    K/V at `pos`, returns logits `[B, vocab]` float32. Host cache lengths are not advanced.
+
+    compile: torch.compile the model call (True: inductor; a string names the backend).
+    Its guards are checked only while warming up and capturing, all at the same step, so
+    the compiled code is traced once; replays of the captured graph skip Python entirely.
+    """
+    layers = list(caches)
+    fwd: Callable = model
+    if compile:
+        backend = "inductor" if compile is True else compile
+        fwd = torch.compile(model, backend=backend, dynamic=False)
+
+    def step() -> torch.Tensor:
+        out = fwd(tokens, layers, pos, write_pos=pos, length_t=length)
+        return out[:, -1].float()
+
+    return step
 
 
 def _cache_key(caches: Sequence[BaseCache]) -> tuple:

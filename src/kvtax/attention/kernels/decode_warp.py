@@ -276,6 +276,25 @@ def _pv(acc, p, v, scale, inv_t, DT: tl.constexpr, FMT: tl.constexpr, IEEE: tl.c
 
 
 @triton.jit
+def _rescale(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_tile, v_top,
+             V_PAIRS: tl.constexpr):
+    """Move the running max to include `m_tile` and the V scale reference to include
+    `v_top`, rescaling the accumulators, bias sums and denominators to match."""
+    m_new = tl.maximum(m_i, m_tile)
+    # a row that has seen no visible key keeps m = -inf: rescale by 1, not NaN
+    alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp2(m_i - m_new))
+    t_new = tl.maximum(t_v, v_top)
+    f = (alpha * (t_v / t_new))[:, None]
+    acc_lo = acc_lo * f
+    acc_hi = acc_hi * f
+    if V_PAIRS:
+        acc_c = acc_c * f
+        acc_d = acc_d * f
+    return (acc_lo, acc_hi, acc_c, acc_d, bias_lo * alpha, bias_hi * alpha, m_new, l_i * alpha,
+            t_new)
+
+
+@triton.jit
 def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
           vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length,
           kv0, p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc, s_km, s_vc, s_vm,
@@ -285,7 +304,8 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
           K_DT: tl.constexpr, V_DT: tl.constexpr, MASKED: tl.constexpr,
           IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
           IEEE: tl.constexpr, HAS_KV_START: tl.constexpr, ASM: tl.constexpr,
-          V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr):
+          V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr,
+          LAZY: tl.constexpr):
     """One online-softmax step over slots `[start, start + BLOCK_N)` (see the kernel).
 
     State: acc_lo/acc_hi `[BLOCK_M, D/2]` f32 in units of t_v (V_PAIRS: acc_lo, acc_hi,
@@ -336,22 +356,16 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     # of a long decode take neither branch and skip the [rows, D] multiplies.
     m_tile = tl.max(s, 1)
     v_top = _vmax(vs_lo, vs_hi, V_FMT)
-    grow = tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) > 0
-    if grow or v_top > t_v * 64.0:
-        m_new = tl.maximum(m_i, m_tile)
-        # a row that has seen no visible key keeps m = -inf: rescale by 1, not NaN
-        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp2(m_i - m_new))
-        t_new = tl.maximum(t_v, v_top)
-        acc_lo = acc_lo * (alpha * (t_v / t_new))[:, None]
-        acc_hi = acc_hi * (alpha * (t_v / t_new))[:, None]
-        if V_PAIRS:
-            acc_c = acc_c * (alpha * (t_v / t_new))[:, None]
-            acc_d = acc_d * (alpha * (t_v / t_new))[:, None]
-        bias_lo = bias_lo * alpha
-        bias_hi = bias_hi * alpha
-        l_i = l_i * alpha
-        m_i = m_new
-        t_v = t_new
+    if LAZY:
+        grow = tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) > 0
+        if grow or v_top > t_v * 64.0:
+            (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v) = _rescale(
+                acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_tile, v_top,
+                V_PAIRS)
+    else:  # every tile, without a branch: one basic block for the scheduler to interleave
+        (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v) = _rescale(
+            acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_tile, v_top,
+            V_PAIRS)
     m_base = tl.where(m_i == float("-inf"), 0.0, m_i)
     p = tl.exp2(s - m_base[:, None])
     l_i += tl.sum(p, 1)
@@ -392,6 +406,7 @@ def _decode_warp_kernel(
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
+    LAZY: tl.constexpr = True,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -459,7 +474,7 @@ def _decode_warp_kernel(
                 p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
                 sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                 K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
-                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
+                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
     for start in range(full_lo, full_end, BLOCK_N):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
@@ -469,7 +484,7 @@ def _decode_warp_kernel(
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
     for start in range(full_end, hi, BLOCK_N):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
@@ -479,7 +494,7 @@ def _decode_warp_kernel(
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
 
     # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
     row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m

@@ -35,14 +35,22 @@ def _decode_attn_reduce_kernel(
 
     o_d = d0 + tl.arange(0, D_BLOCK)
     m_d = o_d < HEAD_DIM
-    acc = tl.zeros([D_BLOCK], dtype=tl.float32)
-    for s0 in range(0, num_splits, SPLIT_BLOCK):
-        o_c = s0 + tl.arange(0, SPLIT_BLOCK)
-        m_c = o_c < num_splits
-        w = tl.exp2(tl.load(PartM + base + o_c * n_rows, mask=m_c, other=float("-inf")) - m_max)
-        p_o = PartO + (base + o_c * n_rows)[:, None] * HEAD_DIM + o_d[None, :]
-        o = tl.load(p_o, mask=m_c[:, None] & m_d[None, :], other=0.0)  # [SPLIT_BLOCK, D_BLOCK]
-        acc += tl.sum(w[:, None] * o, 0)
+    if SPLIT_BLOCK == SPLITS_PAD:
+        # One shot: m, l and every partial row are loaded together (one memory round trip
+        # instead of one per chunk plus a reload of m); this kernel is latency, not bytes.
+        p_o = PartO + (base + o_s * n_rows)[:, None] * HEAD_DIM + o_d[None, :]
+        o = tl.load(p_o, mask=(o_s < num_splits)[:, None] & m_d[None, :], other=0.0)
+        acc = tl.sum(tl.exp2(m_s - m_max)[:, None] * o, 0)
+    else:
+        acc = tl.zeros([D_BLOCK], dtype=tl.float32)
+        for s0 in range(0, num_splits, SPLIT_BLOCK):
+            o_c = s0 + tl.arange(0, SPLIT_BLOCK)
+            m_c = o_c < num_splits
+            w = tl.exp2(tl.load(PartM + base + o_c * n_rows, mask=m_c, other=float("-inf"))
+                        - m_max)
+            p_o = PartO + (base + o_c * n_rows)[:, None] * HEAD_DIM + o_d[None, :]
+            o = tl.load(p_o, mask=m_c[:, None] & m_d[None, :], other=0.0)  # [SPLIT_BLOCK, D_BLOCK]
+            acc += tl.sum(w[:, None] * o, 0)
     out = acc / tl.where(denom == 0.0, 1.0, denom)  # a row that saw nothing → zeros
 
     b = pid_bh // n_kv_heads
