@@ -88,3 +88,26 @@ def test_hybrid_without_exempt_tokens_is_the_plain_format(tiny) -> None:
                                rtol=1e-5)
     assert (hybrid.generate(ids, 6, ignore_eos=True).tokens
             == plain.generate(ids, 6, ignore_eos=True).tokens)
+
+
+def test_per_layer_formats_equal_the_runner_overrides(tiny) -> None:
+    """`int8/L0:fp16` (recall and quality arms) builds what Runner(overrides={0: "fp16"})
+    builds: same logits, same greedy tokens; and a hybrid arm takes overrides too."""
+    ids = torch.randint(0, 256, (1, 70), generator=torch.Generator().manual_seed(5))
+    plain = Runner(tiny.model, kv="int8", overrides={0: "fp16"}, chunk_size=32)
+    layered = HybridRunner(tiny.model, "int8/L0:fp16", chunk_size=32)
+    a, b = plain.make_caches(), layered.make_caches()
+    assert [c.spec.name for c in b] == [c.spec.name for c in a] and b[0].spec.name == "fp16"
+    torch.testing.assert_close(layered.prefill(ids, b), plain.prefill(ids, a), atol=1e-5,
+                               rtol=1e-5)
+    assert (layered.generate(ids, 6, ignore_eos=True).tokens
+            == plain.generate(ids, 6, ignore_eos=True).tokens)
+    mixed = HybridRunner(tiny.model, "int4+hk@s4r16/L1:fp16", chunk_size=32).make_caches()
+    assert isinstance(mixed[0], HybridCache) and mixed[1].spec.name == "fp16"
+
+
+def test_recall_arm_with_layer_formats_resolves_to_the_kvtax_path(tiny) -> None:
+    assert tiny.resolve("int8+hk/L0:fp16/L8:fp16") == ("int8+hk/L0:fp16/L8:fp16", "fused")
+    assert tiny.resolve("int8/fused") == ("int8", "fused")
+    with pytest.raises(ValueError, match="fused path only"):
+        tiny.resolve("int8/hf-quantized")

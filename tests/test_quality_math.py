@@ -145,6 +145,21 @@ def test_input_errors(tiny) -> None:
     assert text_ids(ByteTextTokenizer(), "abcdef" * 3000, 10) == [256] + list(b"abcdefabc")
 
 
+def test_layer_overrides_build_those_layers_in_their_format() -> None:
+    """`FMT/L<i>:<format>` arms keep the named layers in another format (the lever the
+    per-layer error table points at); bad overrides are refused with the reason."""
+    caches = build_caches([None, 512, None], "int8+hk/L0:fp16/L2:int4", None, 64)
+    assert [c.spec.name for c in caches] == ["fp16", "int8+hk", "int4"]
+    assert caches[1].window == 512  # the others keep their layer's attention kind
+    with pytest.raises(QualityInputError, match="outside"):
+        build_caches([None, None], "int8/L5:fp16", None, 64)
+    for bad in ("int8/0:fp16", "int8/L0", "int8/Lx:fp16"):
+        with pytest.raises(QualityInputError, match="L<index>:<format>"):
+            check_config(QualityConfig(contexts=[64], tail=8, kvs=[bad]))
+    with pytest.raises(ValueError, match="unknown KV format"):
+        check_config(QualityConfig(contexts=[64], tail=8, kvs=["int8/L0:int5"]))
+
+
 def test_run_rows_resume_and_report(tmp_path, gemma) -> None:
     cfg = QualityConfig(model="tiny-gemma3", contexts=[96, 80], kvs=["int8", "int4+hk@s2r16"],
                         tail=16, chunk_size=40)

@@ -7,6 +7,8 @@ the step (fused norms, RoPE, adds) is timed on the GPU (benchmarks/decode.py --c
 import pytest
 import torch
 
+from kvtax.cli import main
+from kvtax.errors import OptionError
 from kvtax.models import load_model
 from kvtax.models.runner import Runner, decode_step_fn
 
@@ -37,6 +39,10 @@ def test_compiled_decode_step_matches_eager(kv):
     torch.testing.assert_close(runner.decode_step(tok2, caches), second, rtol=0, atol=1e-5)
 
 
-def test_compile_needs_cuda_graph_decode():
-    with pytest.raises(ValueError, match="CUDA"):
+def test_compile_needs_cuda_graph_decode(capsys):
+    with pytest.raises(OptionError, match="CUDA"):
         Runner(load_model("tiny"), kv="int8", compile=True)
+    # the command line says so in one line, exit status 2, no traceback
+    assert main(["generate", "--compile", "--max-tokens", "2", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "kvtax generate: error:" in err and "CUDA" in err and "Traceback" not in err

@@ -21,3 +21,8 @@ class NonFiniteError(KVTaxError, ValueError):
 
 class CapacityError(KVTaxError, RuntimeError):
     """An append past a cache's fixed capacity."""
+
+
+class OptionError(KVTaxError, ValueError):
+    """Options that cannot run together or on this device (e.g. a compiled CUDA-graph
+    decode step on a CPU model)."""

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from kvtax.errors import KVTaxError
+
 COMMANDS = [
     "kvtax.cli.demo",
     "kvtax.cli.bench",
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except KVTaxError as exc:  # bad input kvtax itself refused: the message, no traceback
+        print(f"kvtax {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -45,9 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default tiny)")
     p.add_argument("--contexts", default="512,2048",
                    help="comma-separated context lengths in tokens (default 512,2048)")
-    p.add_argument("--kv", default="int8,int4,int4+hk",
+    p.add_argument("--kv", default="int8,int8+hk,int4,int4+hk",
                    help="comma-separated KV formats compared with the baseline (default "
-                        "int8,int4,int4+hk)")
+                        "int8,int8+hk,int4,int4+hk); `FMT/L0:fp16/L8:int8` keeps the "
+                        "listed layers in another format")
     p.add_argument("--tail", type=int, default=128,
                    help="scored positions: the last N of each context (default 128)")
     p.add_argument("--text", default=None,

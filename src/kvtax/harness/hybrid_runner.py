@@ -6,9 +6,10 @@ themselves, this module bridges: `HybridRunner` is a Runner whose caches come fr
 read them through `hybrid_attention` while it runs (set on entry, restored on exit).
 `HybridRecallModel` hands recall sessions such a runner for hybrid arms.
 
-Command line, the same options as `kvtax recall`:
+Command line, the same options as `kvtax recall`; arms may also keep listed layers in
+another format (`int8+hk/L0:fp16`, kvtax.harness.quality.split_layer_formats):
   python -m kvtax.harness.hybrid_runner --model SmolLM2-135M-Instruct.Q4_1.gguf \\
-      --contexts 1024,2048 --kv fp16,int4+hk@s4r128
+      --contexts 1024,2048 --kv fp16,int4+hk@s4r128,int8+hk/L0:fp16
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ class HybridRunner(Runner):
 
     def __init__(self, model: DecoderModel, kv: str, *, sliding_kv: str | None = None,
                  chunk_size: int = 2048) -> None:
-        spec = parse_kv(kv)
+        from kvtax.harness.quality import split_layer_formats
+
+        spec = parse_kv(split_layer_formats(kv)[0])  # `FMT/L0:fp16`: per-layer formats
         base = spec.base if isinstance(spec, HybridSpec) else spec
         super().__init__(model, kv=base, sliding_kv=sliding_kv, chunk_size=chunk_size,
                          cuda_graph=False)
-        self.kv_name, self.sliding_name = spec.name, sliding_kv
+        self.kv_name, self.sliding_name = kv, sliding_kv
 
     def make_caches(self, capacity: int | None = None) -> list[Any]:
         from kvtax.harness.quality import build_caches
@@ -75,13 +78,13 @@ class HybridRunner(Runner):
 
 
 class _HybridSession(Session):
-    """A recall session whose runner builds hybrid caches."""
+    """A recall session whose runner builds hybrid caches (or per-layer formats)."""
 
     def __init__(self, model: RecallModel, kv: str, path: str, prefix: list[int],
                  capacity: int):
-        spec = parse_kv(kv)
-        assert isinstance(spec, HybridSpec)
-        super().__init__(model, spec.base.name, path, prefix, capacity)
+        spec = parse_kv(kv.split("/")[0])
+        base = spec.base if isinstance(spec, HybridSpec) else spec
+        super().__init__(model, base.name, path, prefix, capacity)
         self.kv = kv
         self.runner = HybridRunner(model.model, kv, sliding_kv=model.sliding_kv,
                                    chunk_size=model.chunk_size)
@@ -96,9 +99,9 @@ class HybridRecallModel(RecallModel):
         return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)})
 
     def session(self, kv: str, path: str, prefix: list[int], capacity: int) -> Session:
-        if isinstance(parse_kv(kv), HybridSpec):
+        if "/" in kv or isinstance(parse_kv(kv), HybridSpec):  # hybrid, or per-layer formats
             if self.engine != "kvtax":
-                raise ValueError("hybrid KV specs need the kvtax engine")
+                raise ValueError("hybrid KV specs and per-layer formats need the kvtax engine")
             return _HybridSession(self, kv, path, prefix, capacity)
         return super().session(kv, path, prefix, capacity)
 

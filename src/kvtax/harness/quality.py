@@ -50,7 +50,7 @@ class QualityConfig:
 
     model: str = "tiny"
     contexts: list[int] = field(default_factory=lambda: [512, 2048])
-    kvs: list[str] = field(default_factory=lambda: ["int8", "int4", "int4+hk"])
+    kvs: list[str] = field(default_factory=lambda: ["int8", "int8+hk", "int4", "int4+hk"])
     tail: int = 128                 # scored positions: the last `tail` of each context
     text: str | None = None         # a text file; None: pydoc_data/topics.py prose
     baseline: str = "fp16"
@@ -86,7 +86,9 @@ def check_config(cfg: QualityConfig) -> None:
     if cfg.text is not None and not Path(cfg.text).is_file():
         raise QualityInputError(f"--text {cfg.text}: no such file")
     for kv in [cfg.baseline, *cfg.kvs] + ([cfg.sliding_kv] if cfg.sliding_kv else []):
-        parse_kv(kv)  # FormatError names the valid formats
+        base, layers = split_layer_formats(kv)
+        for spec in [base, *layers.values()]:
+            parse_kv(spec)  # FormatError names the valid formats
     if isinstance(parse_kv(cfg.baseline), HybridSpec):
         raise QualityInputError("the baseline must be a plain format (fp16, bf16, fp32)")
 
@@ -129,11 +131,29 @@ def layer_cache(kv: "KVSpec | HybridSpec", window: int | None, chunk: int) -> An
     return SlidingCache(kv, window=window, max_chunk=chunk)
 
 
+def split_layer_formats(kv: str) -> tuple[str, dict[int, str]]:
+    """`"int8+hk/L0:fp16/L8:fp16"` → ("int8+hk", {0: "fp16", 8: "fp16"}): an arm whose
+    listed layers keep another format (the layers the per-layer error table names)."""
+    base, *rest = kv.split("/")
+    layers: dict[int, str] = {}
+    for part in rest:
+        index, sep, fmt = part.partition(":")
+        if not (sep and index[:1] == "L" and index[1:].isdigit() and fmt):
+            raise QualityInputError(f"{kv!r}: a layer override is L<index>:<format>, got {part!r}")
+        layers[int(index[1:])] = fmt
+    return base, layers
+
+
 def build_caches(windows: list[int | None], kv: str, sliding_kv: str | None,
                  chunk: int) -> list[Any]:
-    spec = parse_kv(kv)
+    base, layers = split_layer_formats(kv)
+    bad = [i for i in layers if not 0 <= i < len(windows)]
+    if bad:
+        raise QualityInputError(f"{kv!r} names layers {bad} outside 0..{len(windows) - 1}")
+    spec = parse_kv(base)
     slide = parse_kv(sliding_kv) if sliding_kv else spec
-    return [layer_cache(spec if w is None else slide, w, chunk) for w in windows]
+    return [layer_cache(parse_kv(layers[i]) if i in layers else (spec if w is None else slide),
+                        w, chunk) for i, w in enumerate(windows)]
 
 
 def resident_nbytes(cache: Any) -> int:
@@ -236,7 +256,9 @@ def run_quality(
     net = model.model
     windows = net.config.layer_windows()
     for kv in [cfg.baseline, *cfg.kvs]:
-        parse_kv(kv).check(net.config.head_dim)
+        base, layers = split_layer_formats(kv)
+        for spec in [base, *layers.values()]:
+            parse_kv(spec).check(net.config.head_dim)
     longest = max(cfg.contexts)
     if longest > net.config.max_position_embeddings:
         log(f"warning: context {longest} exceeds the model's trained length "

@@ -75,9 +75,12 @@ class RecallModel:
         kvtax engine: every format on the fused path. hf engine: "native" (or the model's
         dtype) is transformers' own cache (path fp16); "FORMAT" is kvtax's cache through
         the transformers adapter (path fused); "FORMAT/hf-quantized" is transformers'
-        QuantizedCache.
+        QuantizedCache. "FORMAT/L0:fp16[/L8:int8...]" keeps the listed layers in another
+        format (kvtax engine; `kvtax.harness.hybrid_runner`): the whole arm is the kv.
         """
         kv, _, path = arm.strip().partition("/")
+        if path[:1] == "L" and ":" in path.split("/")[0]:  # per-layer formats, not a path
+            kv, path = arm.strip(), ""
         if kv == "native":
             kv = self.native_kv
         if self.engine == "kvtax":

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from kvtax.cache import BaseCache, FullCache, make_caches
-from kvtax.errors import CapacityError
+from kvtax.errors import CapacityError, OptionError
 from kvtax.formats import DEFAULT_KV, KVSpec
 from kvtax.models.decoder import DecoderModel
 from kvtax.models.sampling import sample
@@ -93,11 +93,11 @@ class Runner:
         self.device = model.embed.weight.device
         is_cuda = self.device.type == "cuda"
         if cuda_graph and not is_cuda:
-            raise ValueError("cuda_graph=True needs a model on a CUDA device")
+            raise OptionError("cuda_graph=True needs a model on a CUDA device")
         self.cuda_graph = is_cuda if cuda_graph is None else cuda_graph
         if compile and not self.cuda_graph:
-            raise ValueError("compile=True compiles the CUDA-graph decode step; it needs a "
-                             "CUDA model with cuda_graph on")
+            raise OptionError("compile compiles the CUDA-graph decode step: it needs a model "
+                              "on a CUDA device with CUDA-graph decode on")
         self.compile = compile
         self.graph_disabled_reason: str | None = None
         self._graph: _DecodeGraph | None = None
