@@ -34,25 +34,41 @@ def test_hadamard_built_from_indices_matches(d: int) -> None:
     matrix, bit for bit."""
     from kvtax.formats.rotation import _hadamard_built
 
-    assert torch.equal(_hadamard_built(d, torch.device("cpu"), torch.float32), hadamard(d))
+    n = d & -d  # Sylvester's recursion, block-diagonal: the reference construction
+    block = torch.ones(1, 1, dtype=torch.float64)
+    while block.shape[0] < n:
+        block = torch.cat([torch.cat([block, block], 1), torch.cat([block, -block], 1)], 0)
+    sylvester = torch.block_diag(*[block / n**0.5] * (d // n)).float()
+    assert torch.equal(_hadamard_built(d, torch.device("cpu"), torch.float32), sylvester)
+    assert torch.equal(hadamard(d), sylvester)
 
 
 def test_rotate_traces_without_host_tensors() -> None:
-    """Under torch.compile, rotate builds H inside the graph (no constant copied from
-    the host), and gives what eager gives."""
-    from kvtax.formats import rotate
+    """Under torch.compile, rotate builds H inside the graph when no eager call has made
+    it yet (no constant copied from the host), reads the cached one as a graph constant
+    when one has (nothing rebuilt per call), and gives what eager gives either way."""
+    from kvtax.formats import rotate, rotation
 
     x = torch.randn(2, 4, 3, 96)
-    seen = []
 
-    def backend(gm, inputs):  # records the traced ops, runs the graph as traced
-        seen.extend(str(n.target) for n in gm.graph.nodes)
-        return gm.forward
+    def traced_ops() -> list[str]:
+        seen: list[str] = []
 
-    torch._dynamo.reset()
-    got = torch.compile(rotate, backend=backend, fullgraph=True)(x)
-    torch.testing.assert_close(got, rotate(x), rtol=0, atol=1e-6)
+        def backend(gm, inputs):  # records the traced ops, runs the graph as traced
+            seen.extend(str(n.target) for n in gm.graph.nodes)
+            return gm.forward
+
+        torch._dynamo.reset()
+        got = torch.compile(rotate, backend=backend, fullgraph=True)(x)
+        torch.testing.assert_close(got, rotate(x), rtol=0, atol=1e-6)
+        return seen
+
+    rotation._MATRICES.clear()
+    seen = traced_ops()
     assert any("arange" in t for t in seen), seen  # built from indices in the graph
+    rotate(x)  # an eager call caches H
+    seen = traced_ops()
+    assert not any("arange" in t for t in seen), seen  # the cached matrix, not rebuilt
 
 
 @pytest.mark.parametrize("rot", ["hk", "hkv"])

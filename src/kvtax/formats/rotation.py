@@ -13,8 +13,6 @@ power of two (80, 96) it is block-diagonal with the largest power-of-two block d
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 
@@ -22,14 +20,10 @@ def _block_size(head_dim: int) -> int:
     return head_dim & -head_dim  # largest power of two dividing head_dim
 
 
-@functools.lru_cache(maxsize=32)
-def _hadamard_cpu(head_dim: int) -> torch.Tensor:
-    n = _block_size(head_dim)
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    h = h / n**0.5
-    return torch.block_diag(*[h] * (head_dim // n)).float()
+# (head_dim, device, dtype) → H, filled by eager calls. Compiled code reads an entry that
+# exists when it is traced as a constant of the graph, so a compiled or captured decode
+# step rebuilds nothing per call.
+_MATRICES: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def hadamard(head_dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -38,23 +32,25 @@ def hadamard(head_dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
     Cached per device: a copy from the host on every call would be a transfer per
     attention call, and one a CUDA graph cannot capture (rotated decode steps are
     captured once and replayed)."""
-    return _hadamard_on(head_dim, torch.device(device))
+    return _matrix(head_dim, torch.device(device), torch.float32)
 
 
-@functools.lru_cache(maxsize=64)
-def _hadamard_on(head_dim: int, device: torch.device, dtype: torch.dtype = torch.float32
-                 ) -> torch.Tensor:
-    if device.type == "cpu":
-        return _hadamard_cpu(head_dim).to(dtype)
-    return _hadamard_built(head_dim, device, dtype)
+def _matrix(head_dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    key = (head_dim, device, dtype)
+    h = _MATRICES.get(key)
+    if h is None:
+        h = _hadamard_built(head_dim, device, dtype)
+        tracing = torch.compiler.is_compiling() or (
+            device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        if not tracing:  # never keep graph memory or a traced value
+            _MATRICES[key] = h
+    return h
 
 
 def _hadamard_built(head_dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """The same matrix computed on `device` from index arithmetic (no host tensor): entry
-    (i, j) of a Sylvester block is (-1)^popcount(i & j) / sqrt(n), zero across blocks.
-
-    What a compiled region or a CUDA-graph capture uses: dynamo inlines the lru_cache and
-    would put a host-to-device copy into the graph, which CUDA graphs cannot hold."""
+    """H computed on `device` from index arithmetic, no host tensor (so also inside a
+    compiled region or a CUDA-graph capture): entry (i, j) of a Sylvester block is
+    (-1)^popcount(i & j) / sqrt(n), zero across blocks."""
     n = _block_size(head_dim)
     i = torch.arange(head_dim, device=device)
     both = (i % n)[:, None] & (i % n)[None, :]
@@ -75,10 +71,5 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
     to x.dtype either way.
     """
     half = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
-    dtype = x.dtype if half else torch.float32
-    if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-        # built inside the graph: never a host copy, never a cached tensor of graph memory
-        h = _hadamard_built(x.shape[-1], x.device, dtype)
-    else:
-        h = _hadamard_on(x.shape[-1], x.device, dtype)
+    h = _matrix(x.shape[-1], x.device, x.dtype if half else torch.float32)
     return x @ h if half else (x.float() @ h).to(x.dtype)

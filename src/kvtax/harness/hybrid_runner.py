@@ -82,7 +82,9 @@ class _HybridSession(Session):
 
     def __init__(self, model: RecallModel, kv: str, path: str, prefix: list[int],
                  capacity: int):
-        spec = parse_kv(kv.split("/")[0])
+        from kvtax.harness.quality import split_layer_formats
+
+        spec = parse_kv(split_layer_formats(kv)[0])
         base = spec.base if isinstance(spec, HybridSpec) else spec
         super().__init__(model, base.name, path, prefix, capacity)
         self.kv = kv

@@ -44,20 +44,32 @@ def _centered(c, OFF: tl.constexpr):
     return x - (1024.0 + OFF)
 
 
+def _bytes_asm(sel_a: str, sel_b: str) -> str:
+    """PTX turning a 32-bit word of uint8 codes into two fp16x2 registers of code - 128:
+    `prmt` with selectors `sel_a`, `sel_b` (which bytes pair up) builds the fp16 pairs
+    1024 + c, one `sub.f16x2` each removes 1024 + 128."""
+    return f"""{{
+        .reg .b32 t0, t1, m;
+        mov.b32 m, 0x64806480;
+        prmt.b32 t0, $2, 0x64646464, {sel_a};
+        prmt.b32 t1, $2, 0x64646464, {sel_b};
+        sub.f16x2 $0, t0, m;
+        sub.f16x2 $1, t1, m;
+        }}"""
+
+
+# bytes (0, 1), (2, 3) pair up for 4 consecutive codes; (0, 2), (1, 3) for uint16 pairs
+_INT8_ASM = tl.constexpr(_bytes_asm("0x4140", "0x4342"))
+_INT8_PAIRS_ASM = tl.constexpr(_bytes_asm("0x4240", "0x4341"))
+
+
 @triton.jit
 def _int8_asm(c):
     """uint8 codes → fp16 `c - 128` with two prmt + two sub.f16x2 per 4 codes (GPU only;
-    same result as `_centered(c, 128.0)`): prmt builds the fp16 pair 1024 + c."""
+    same result as `_centered(c, 128.0)`)."""
     return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t0, t1, m;
-        mov.b32 m, 0x64806480;
-        prmt.b32 t0, $2, 0x64646464, 0x4140;
-        prmt.b32 t1, $2, 0x64646464, 0x4342;
-        sub.f16x2 $0, t0, m;
-        sub.f16x2 $1, t1, m;
-        }""",
-        constraints="=r,=r,r", args=[c], dtype=tl.float16, is_pure=True, pack=4)
+        asm=_INT8_ASM, constraints="=r,=r,r", args=[c], dtype=tl.float16, is_pure=True,
+        pack=4)
 
 
 def _nibbles_asm(sel_a: str, sel_b: str) -> str:
@@ -100,16 +112,8 @@ def _int8_pairs_asm(w):
     """uint16 pairs of int8 codes → fp16 (first byte - 128, second byte - 128): one prmt
     and one sub.f16x2 per two codes (GPU only; see `_v_pairs`)."""
     return tl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t0, t1, m;
-        mov.b32 m, 0x64806480;
-        prmt.b32 t0, $2, 0x64646464, 0x4240;
-        prmt.b32 t1, $2, 0x64646464, 0x4341;
-        sub.f16x2 $0, t0, m;
-        sub.f16x2 $1, t1, m;
-        }""",
-        constraints="=r,=r,r", args=[w], dtype=(tl.float16, tl.float16), is_pure=True,
-        pack=2)
+        asm=_INT8_PAIRS_ASM, constraints="=r,=r,r", args=[w], dtype=(tl.float16, tl.float16),
+        is_pure=True, pack=2)
 
 
 @triton.jit
