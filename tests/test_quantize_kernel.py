@@ -234,6 +234,7 @@ CACHE_CASES = [
     ("full", "int8", torch.float16, {}, [37, 1, "w", "w", 5]),
     ("full", "k4-g32vfp8", torch.bfloat16, {"capacity": 64}, [37, "w", 1, "w"]),
     ("full", "int4+hk", torch.float16, {}, [37, "w", 1]),
+    ("full", "int8+hk+ck", torch.bfloat16, {"capacity": 64}, [37, "w", 1, "w"]),
     ("sliding", "k8v4", torch.float16, {"window": 16, "sinks": 3},
      [9, 1, "w", 5, "w", "w", 20, 17, "w"]),
     ("sliding", "fp8", torch.bfloat16, {"window": 8, "sinks": 2, "max_chunk": 8},
@@ -305,7 +306,7 @@ def test_unsupported_calls_say_why():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ke.HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "k8v4", "bf16"])
+@pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "k8v4", "bf16", "int8+hk+ck"])
 def test_cuda_graph_decode_writes(spec):
     """write_at captured once in a CUDA graph, replayed at several positions, equals the
     torch path: the kernel reads the position from the device."""

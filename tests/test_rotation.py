@@ -116,5 +116,5 @@ def test_rotation_spec_names() -> None:
     assert KVSpec.parse("k8v4+hk").name == "k8v4+hk"
     assert KVSpec.parse("int4+hkv").rotate_values
     assert KVSpec.parse("int4+hk").bytes_per_token(128) == KVSpec.parse("int4").bytes_per_token(128)
-    with pytest.raises(FormatError, match="rotation suffix"):
+    with pytest.raises(FormatError, match="suffixes are"):
         KVSpec.parse("int4+hq")

@@ -172,7 +172,7 @@ def test_top_p_filter_keeps_the_nucleus() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["tiny", "tiny-gemma3"])
-@pytest.mark.parametrize("kv", ["fp16", "int8", "int4", "k8v4"])
+@pytest.mark.parametrize("kv", ["fp16", "int8", "int4", "k8v4", "int8+hk+ck"])
 def test_cuda_graph_and_eager_give_the_same_tokens(name: str, kv: str) -> None:
     model = load_model(name, dtype=torch.bfloat16, device="cuda", seed=3)
     with torch.no_grad():

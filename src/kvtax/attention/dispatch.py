@@ -13,6 +13,7 @@ import torch
 
 from kvtax.attention.reference import attention_blockwise, rotate_query, unrotate_output
 from kvtax.attention.view import CacheView
+from kvtax.errors import FormatError
 
 Impl = Literal["auto", "reference", "triton"]
 _warned: set[str] = set()
@@ -41,6 +42,7 @@ def attention(
         cache.append(k, v)
         out = attention(q, cache.view(), softcap=None)
     """
+    refuse_centered_softcap(view, softcap)
     ref = dict(scale=scale, softcap=softcap, causal=causal, kv_start=kv_start)
     if impl == "reference":
         return attention_blockwise(q, view, **ref)
@@ -59,6 +61,16 @@ def attention(
         raise RuntimeError(f"Triton attention cannot run this call: {reason}")
     warn_reference_once(q, reason, "attention", stacklevel=3)
     return attention_blockwise(q, view, **ref)
+
+
+def refuse_centered_softcap(view: CacheView, softcap: float | None) -> None:
+    """Centered keys (`+ck`) shift every score of a query by the same amount, which
+    softmax cancels but `softcap * tanh(s / softcap)` does not: refuse, don't drift."""
+    if softcap and view.spec.center_keys:
+        raise FormatError(
+            f"KV spec {view.spec.name}: centered keys (+ck) are exact only without logit "
+            f"soft-capping (this call caps at {softcap}); drop +ck for this model"
+        )
 
 
 def warn_reference_once(q: torch.Tensor, reason: str, what: str, stacklevel: int = 2) -> None:

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kvtax.attention.dispatch import _kernel_unavailable, attention, warn_reference_once
+from kvtax.attention.dispatch import (
+    _kernel_unavailable,
+    attention,
+    refuse_centered_softcap,
+    warn_reference_once,
+)
 from kvtax.attention.lse import attention_lse, merge_lse
 from kvtax.attention.view import CacheView
 
@@ -71,6 +76,7 @@ def part_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(out [B, H_q, L, D], lse [B, H_q, L])` float32 of `q` over one part, masks applied:
     the fused kernels where they serve the part's view (CUDA), else `attention_lse`."""
+    refuse_centered_softcap(part.view, softcap)
     kw = dict(scale=scale, softcap=softcap, min_distance=part.min_distance,
               min_key=part.min_key)
     reason = _kernel_unavailable(q, part.view, True)

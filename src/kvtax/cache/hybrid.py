@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from kvtax.attention.hybrid import HybridPart, HybridView
-from kvtax.cache.base import BaseCache
+from kvtax.cache.base import BaseCache, center, key_mean
 from kvtax.cache.full import FullCache
 from kvtax.cache.sliding import SlidingCache
 from kvtax.errors import CapacityError
@@ -59,19 +59,25 @@ class HybridCache:
             raise ValueError(f"{spec!r} is not a hybrid spec (<spec>@s<S>r<R>)")
         self.spec, self.window = hs, window
         self.sinks = hs.sinks if window is None else 0  # a sliding layer never sees sinks
+        # A `+ck` body: the fp16 part and the body must see keys moved by the same vector
+        # (their scores meet in one softmax), so this cache centers once for both.
+        self.center_keys = hs.base.center_keys
+        self.key_shift: torch.Tensor | None = None
         self.recent = hs.recent if window is None else min(hs.recent, window)
         self.fp: SlidingCache | None = None
         if self.sinks or self.recent:
             # A ring of >= recent slots; window 1 when only sinks are kept (the masks below
             # then expose the sinks alone).
             self.fp = SlidingCache(hs.exempt, window=max(self.recent, 1), sinks=self.sinks,
-                                   max_chunk=max_chunk, check_finite=check_finite)
+                                   max_chunk=max_chunk, check_finite=check_finite,
+                                   center_keys=False)
         self.body: BaseCache | None = None
         if window is None:
-            self.body = FullCache(hs.base, capacity=capacity, check_finite=check_finite)
+            self.body = FullCache(hs.base, capacity=capacity, check_finite=check_finite,
+                                  center_keys=False)
         elif self.recent < window:  # else every visible key is recent: no body needed
             self.body = SlidingCache(hs.base, window=window, max_chunk=max_chunk,
-                                     check_finite=check_finite)
+                                     check_finite=check_finite, center_keys=False)
 
     @property
     def parts(self) -> list[BaseCache]:
@@ -117,6 +123,10 @@ class HybridCache:
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens `[B, H_kv, T, D]` in both parts (fp16 ring, quantized body)."""
+        if self.center_keys and k.shape[2]:
+            if self.length == 0 or self.key_shift is None:
+                self.key_shift = key_mean(k)
+            k = center(k, self.key_shift)
         for c in self.parts:
             c.append(k, v)
 

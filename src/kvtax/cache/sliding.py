@@ -38,13 +38,15 @@ class SlidingCache(BaseCache):
         sinks: int = 0,
         max_chunk: int | None = None,
         check_finite: bool = True,
+        center_keys: bool | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if sinks < 0:
             raise ValueError(f"sinks must be >= 0, got {sinks}")
         fixed = max_chunk is not None
-        super().__init__(spec, growable=not fixed, check_finite=check_finite)
+        super().__init__(spec, growable=not fixed, check_finite=check_finite,
+                         center_keys=center_keys)
         self.window, self.sinks = window, sinks
         self.ring = window - 1 + (max_chunk if fixed else 1)
 

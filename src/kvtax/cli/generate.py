@@ -32,8 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="The key-value cache", help="prompt text")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
-    p.add_argument("--kv", default=DEFAULT_KV, help="KV format: fp16, int8, int4, fp8, k8v4, "
-                   f"int4-g32, int8+hk, ... (default {DEFAULT_KV}: see docs/QUALITY.md)")
+    p.add_argument("--kv", default=None, help="KV format: fp16, int8, int4, fp8, k8v4, "
+                   f"int4-g32, int8+hk+ck, ... (default {DEFAULT_KV}, or int8+hk for a "
+                   "model that soft-caps attention logits: see docs/QUALITY.md)")
     p.add_argument("--sliding-kv", default=None,
                    help="format of sliding-window layers, e.g. fp16 (default: same as --kv)")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens at most (default 64)")

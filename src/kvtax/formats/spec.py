@@ -3,8 +3,10 @@
 Grammar (case-insensitive):
   format := fp16 | bf16 | fp32 | fp8 | int8 | int4, optionally `-g<group>` for int formats
             (aliases: 16 → fp16, 8 → int8, 4 → int4, fp8_e4m3 → fp8)
-  spec   := pair [+hk | +hkv]             +hk: Hadamard-rotate keys before quantizing;
-                                          +hkv: keys and values (kvtax.formats.rotation)
+  spec   := pair [+hk | +hkv] [+ck]       +hk: Hadamard-rotate keys before quantizing;
+                                          +hkv: keys and values (kvtax.formats.rotation);
+                                          +ck: center keys (subtract one per-channel mean
+                                          vector, kvtax.cache.base; exact under softmax)
   pair   := format                      same format for K and V
           | k<format>v<format>          e.g. k8v4, kint8vint4, kfp8v4-g32
           | key=<format>,value=<format>
@@ -26,11 +28,21 @@ from kvtax.formats.fp8 import FP8Format
 ROTATIONS = ("", "k", "kv")
 
 # The recommended KV format where a caller names none (Runner, KVTaxCache, `kvtax
-# generate`): int8 with Hadamard-rotated keys. Plain int8 (group 64) lost 2 of 20 planted
-# facts fp16 found on Qwen2.5-Coder-0.5B and missed the KL bound on Gemma-3; +hk kept every
-# fp16 fact and met the bound (docs/QUALITY.md), for one extra [H_q, D] x [D, D] GEMM per
-# decode call (H200 at 128k: 0.099 vs 0.092 ms per layer, docs/BENCHMARKS.md session 4).
-DEFAULT_KV = "int8+hk"
+# generate`): int8 with Hadamard-rotated, centered keys. On Qwen2.5-Coder-0.5B plain int8
+# missed the KL bound 7.7x (7.7e-3) and lost 2 of 20 planted facts fp16 found; +hk brought
+# KL to 1.45e-3, +hk+ck to 2.1e-4 (target <= 1e-3) with fp16's recall to 32k; on Gemma-3
+# +hk met the bound where plain int8 missed (docs/QUALITY.md). Cost: one [H_q, D] x [D, D]
+# GEMM per decode call (H200 at 128k: 0.099 vs 0.092 ms per layer) and one subtraction
+# per cache write (32k whole model: 6.09 vs 6.08 ms/token, docs/BENCHMARKS.md session 5).
+DEFAULT_KV = "int8+hk+ck"
+
+
+def default_kv(attn_softcap: float | None = None) -> str:
+    """DEFAULT_KV for a model; without +ck where attention logits are soft-capped (Gemma 2),
+    since capping is not shift-invariant."""
+    return "int8+hk" if attn_softcap else DEFAULT_KV
+
+
 FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "int8", "int4")
 _ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "fp8_e4m3": "fp8", "e4m3": "fp8"}
 _FORMAT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:-g(?P<group>\d+))?$")
@@ -71,6 +83,13 @@ class KVSpec:
     key: KVFormat
     value: KVFormat
     rotate: str = ""  # "", "k" or "kv": which of K/V are Hadamard-rotated before storing
+    # Keys are stored minus one per-(sequence, KV head) vector fixed at the first write
+    # (the mean of the prompt's first chunk). Every score of a query moves by the same
+    # q·m, which softmax cancels, so attention is unchanged in exact arithmetic while
+    # a model's constant per-channel key offsets (Qwen's k_proj bias: layer 0's keys are
+    # mostly offset) no longer set the quantization ranges. Not with logit soft-capping,
+    # which is not shift-invariant (attention refuses that combination).
+    center_keys: bool = False
 
     def __post_init__(self) -> None:
         if self.rotate not in ROTATIONS:
@@ -91,14 +110,18 @@ class KVSpec:
         if isinstance(spec, KVFormat):
             return cls(spec, spec)
         text = str(spec).strip().lower().replace(" ", "")
-        text, plus, rot = text.partition("+")
+        text, plus, rest = text.partition("+")
         if plus:
-            if rot not in ("hk", "hkv"):
+            suffixes = rest.split("+")
+            rot = [x for x in suffixes if x in ("hk", "hkv")]
+            bad = [x for x in suffixes if x not in ("hk", "hkv", "ck")]
+            if bad or len(rot) > 1 or suffixes.count("ck") > 1:
                 raise FormatError(
-                    f"spec {spec!r}: rotation suffix must be +hk (keys) or +hkv (keys and values)"
+                    f"spec {spec!r}: suffixes are +hk (rotate keys) or +hkv (keys and "
+                    "values), and +ck (center keys), each at most once, e.g. int8+hk+ck"
                 )
             base = cls.parse(text)
-            return cls(base.key, base.value, rot[1:])
+            return cls(base.key, base.value, rot[0][1:] if rot else "", "ck" in suffixes)
         if text.startswith("key="):
             parts = dict(p.split("=", 1) for p in text.split(",") if "=" in p)
             if set(parts) != {"key", "value"}:
@@ -119,7 +142,8 @@ class KVSpec:
     @property
     def name(self) -> str:
         pair = self.key.name if self.key == self.value else f"k{_short(self.key)}v{_short(self.value)}"
-        return f"{pair}+h{self.rotate}" if self.rotate else pair
+        pair = f"{pair}+h{self.rotate}" if self.rotate else pair
+        return f"{pair}+ck" if self.center_keys else pair
 
     @property
     def is_quantized(self) -> bool:

@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 from transformers.cache_utils import Cache
 
 from kvtax.cache import make_caches
-from kvtax.formats import DEFAULT_KV, KVSpec
+from kvtax.formats import KVSpec, default_kv
 from kvtax.hf.layers import KVTaxLayer
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -69,7 +69,9 @@ class KVTaxCache(Cache):
     """A transformers `Cache` of kvtax layers: quantized K/V, read in place by the kvtax attention.
 
     config:        the model config (`model.config`); decides layer count and kinds.
-    kv:            format of full-attention layers, e.g. "int8", "int4", "k8v4", "fp16".
+    kv:            format of full-attention layers, e.g. "int8", "int4", "k8v4", "fp16";
+                   None: `kvtax.formats.default_kv` (int8+hk+ck; int8+hk for a model that
+                   soft-caps attention logits).
     sliding_kv:    format of sliding-window layers (default: `kv`).
     overrides:     layer index → format, applied last (e.g. `{0: "fp16"}`).
     max_cache_len: preallocate every full layer for this many tokens (prompt + new tokens)
@@ -89,7 +91,7 @@ class KVTaxCache(Cache):
     def __init__(
         self,
         config: PretrainedConfig,
-        kv: str | KVSpec = DEFAULT_KV,
+        kv: str | KVSpec | None = None,
         *,
         sliding_kv: str | KVSpec | None = None,
         overrides: Mapping[int, str | KVSpec] | None = None,
@@ -104,6 +106,8 @@ class KVTaxCache(Cache):
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         windows = layer_windows(config)
         cfg = text_config(config)
+        if kv is None:  # the default, without +ck where attention logits are soft-capped
+            kv = default_kv(getattr(cfg, "attn_logit_softcapping", None))
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         for spec in {KVSpec.parse(s) for s in (kv, sliding_kv or kv, *(overrides or {}).values())}:
             spec.check(head_dim)  # fail here, not at the first forward

@@ -29,7 +29,8 @@ import torch
 
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.errors import CapacityError, OptionError
-from kvtax.formats import DEFAULT_KV, KVSpec
+from kvtax.formats import KVSpec, default_kv
+from kvtax.formats.hybrid import parse_kv
 from kvtax.models.decoder import DecoderModel
 from kvtax.models.sampling import sample
 
@@ -61,8 +62,9 @@ class GenerationResult:
 class Runner:
     """Runs a DecoderModel over kvtax caches of one KV format.
 
-    kv:         format of global layers ("fp16", "int8", "int4", "k8v4", ...; default
-                `kvtax.formats.DEFAULT_KV`, int8 with Hadamard-rotated keys).
+    kv:         format of global layers ("fp16", "int8", "int4", "k8v4", ...; None:
+                `kvtax.formats.default_kv(...)`, int8 with Hadamard-rotated, centered
+                keys, not centered where the model soft-caps attention logits).
     sliding_kv: format of sliding-window layers (default: `kv`), e.g. "fp16".
     chunk_size: prefill chunk in tokens (bounds activation memory at long prompts).
     cuda_graph: None → on for CUDA models; False forces eager decode.
@@ -75,7 +77,7 @@ class Runner:
     def __init__(
         self,
         model: DecoderModel,
-        kv: str | KVSpec = DEFAULT_KV,
+        kv: str | KVSpec | None = None,
         *,
         sliding_kv: str | KVSpec | None = None,
         chunk_size: int = 2048,
@@ -86,9 +88,18 @@ class Runner:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.model = model
-        self.spec = KVSpec.parse(kv)
+        softcap = model.config.attn_softcap
+        self.spec = KVSpec.parse(default_kv(softcap) if kv is None else kv)
         self.sliding_spec = KVSpec.parse(sliding_kv) if sliding_kv else None
         self.overrides = overrides
+        if softcap:  # say so now, not at the first attention call
+            for s in (self.spec, self.sliding_spec, *(overrides or {}).values()):
+                spec = parse_kv(s) if s is not None else None
+                base = getattr(spec, "base", spec)  # a hybrid spec's body
+                if base is not None and base.center_keys:
+                    raise OptionError(
+                        f"KV spec {spec}: centered keys (+ck) are exact only without logit "
+                        f"soft-capping, which this model applies ({softcap}); drop +ck")
         self.chunk_size = chunk_size
         self.device = model.embed.weight.device
         is_cuda = self.device.type == "cuda"
