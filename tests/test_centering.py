@@ -44,6 +44,8 @@ def test_spec_names_round_trip() -> None:
     for bad in ("int8+ck+ck", "int8+hk+hkv", "int8+cv"):
         with pytest.raises(FormatError, match="suffixes are"):
             KVSpec.parse(bad)
+    with pytest.raises(FormatError, match="hybrid spec"):
+        KVSpec.parse("int4+hk+ck@s4r128")
 
 
 @pytest.mark.parametrize("kind", ["full", "sliding"])

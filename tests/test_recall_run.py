@@ -99,6 +99,22 @@ def test_cli_recall_writes_run_and_report(tmp_path, capsys):
     assert "## Recall" in md and "kvtax recall" in md
 
 
+def test_cli_recall_routes_hybrid_and_per_layer_arms(tmp_path, capsys):
+    """`kvtax recall` hands hybrid specs and per-layer formats to the hybrid sessions."""
+    kv = "fp16,int4-g32+hk+ck@s4r16,int8+hk+ck/L0:fp16"
+    code = cli_main(["recall", "--model", "tiny", "--contexts", "400", "--facts", "2",
+                     "--kv", kv, "--max-new-tokens", "2", "--out", str(tmp_path)])
+    assert code == 0
+    (run,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
+    rows = read_rows(run)
+    assert {r["kv"] for r in rows} == set(kv.split(","))
+    assert all(r["status"] == "ok" for r in rows)
+    assert "kvtax recall" in (run / "config.json").read_text()
+    code = cli_main(["recall", "--model", "tiny", "--kv", "fp16,int4@s4", "--engine", "hf",
+                     "--out", str(tmp_path / "hf")])
+    assert code == 2 and "kvtax engine" in capsys.readouterr().err
+
+
 def test_shared_prefix_trim_equals_fresh_prefill(tiny):
     """Between questions the caches are trimmed back to the shared document; the next
     question's logits must equal those of a fresh prefill of its whole prompt (and differ

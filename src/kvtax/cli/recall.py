@@ -39,8 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated arms, FORMAT[/PATH]; the unquantized one runs first. "
                         "kvtax engine: formats on the fused path. hf engine: 'native' is "
                         "transformers' own cache, FORMAT is kvtax's cache through the adapter, "
-                        "FORMAT/hf-quantized is transformers' QuantizedCache "
-                        "(default fp16,int8,int4)")
+                        "FORMAT/hf-quantized is transformers' QuantizedCache. kvtax engine "
+                        "also: hybrid specs (int4-g32+hk+ck@s4r128: fp16 sinks/recent) and "
+                        "per-layer formats (int8+hk+ck/L0:fp16) (default fp16,int8,int4)")
     p.add_argument("--facts", type=int, default=8, help="facts planted per prompt (default 8)")
     p.add_argument("--seed", type=int, default=0, help="fact values and subjects (default 0)")
     p.add_argument("--filler", default=None,
@@ -88,6 +89,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"--contexts takes integers like 1024,2048, not {args.contexts!r}", file=sys.stderr)
         return 2
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
+    if not args.resume:
+        from kvtax.harness.hybrid_runner import needs_hybrid, run_hybrid_recall
+
+        if any(needs_hybrid(kv) for kv in kvs):  # fp16 sinks/recent, per-layer formats
+            if args.engine == "hf":
+                print("kvtax recall: hybrid specs (@s<S>r<R>) and per-layer formats "
+                      "(/L<i>:<format>) need the kvtax engine, not --engine hf",
+                      file=sys.stderr)
+                return 2
+            return run_hybrid_recall(args)
     if args.kv and not args.resume:
         from kvtax.formats import KVSpec
 

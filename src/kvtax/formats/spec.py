@@ -110,6 +110,12 @@ class KVSpec:
         if isinstance(spec, KVFormat):
             return cls(spec, spec)
         text = str(spec).strip().lower().replace(" ", "")
+        if "@" in text:
+            raise FormatError(
+                f"spec {spec!r} is a hybrid spec (fp16 sinks/recent around a quantized "
+                "body): kvtax.formats.hybrid.parse_kv, HybridCache, `kvtax quality` and "
+                "`kvtax recall` take it; here drop the '@…'"
+            )
         text, plus, rest = text.partition("+")
         if plus:
             suffixes = rest.split("+")

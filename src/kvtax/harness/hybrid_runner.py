@@ -1,7 +1,8 @@
 """Hybrid KV specs (`int4+hk@s4r128`) in the runner and the recall probe.
 
-The runner and `kvtax recall` know plain specs only; until they build hybrid caches
-themselves, this module bridges: `HybridRunner` is a Runner whose caches come from
+The runner knows plain specs only; until it builds hybrid caches itself, this module
+bridges, and `kvtax recall` hands the arms that need it to `run_hybrid_recall`.
+`HybridRunner` is a Runner whose caches come from
 `kvtax.harness.quality.build_caches` (hybrid where the spec says so) and whose layers
 read them through `hybrid_attention` while it runs (set on entry, restored on exit).
 `HybridRecallModel` hands recall sessions such a runner for hybrid arms.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -111,12 +113,26 @@ class HybridRecallModel(RecallModel):
 def main(argv: list[str] | None = None) -> int:
     """`kvtax recall` with hybrid arms allowed; the same options, the same run folders."""
     from kvtax.cli import recall as recall_cli
-    from kvtax.harness.recall import RecallConfig, run_recall
-    from kvtax.harness.recall_models import load_recall_model
 
     parser = argparse.ArgumentParser(prog=PROG, add_help=False)
     recall_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["recall", *(sys.argv[1:] if argv is None else argv)])
+    return run_hybrid_recall(args, PROG)
+
+
+def needs_hybrid(kv: str) -> bool:
+    """True for a recall arm only this module serves: a hybrid spec (`@s4r128`) or
+    per-layer formats (`int8+hk/L0:fp16`), as opposed to `FORMAT[/PATH]`."""
+    return "@" in kv or bool(re.search(r"/L\d+:", kv))
+
+
+def run_hybrid_recall(args: argparse.Namespace, prog: str = "kvtax recall") -> int:
+    """Run the recall probe for parsed `kvtax recall` arguments through hybrid-aware
+    sessions (`kvtax recall` hands over here when an arm needs it)."""
+    from kvtax.cli import recall as recall_cli
+    from kvtax.harness.recall import RecallConfig, run_recall
+    from kvtax.harness.recall_models import load_recall_model
+
     contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
     for kv in kvs:
@@ -124,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     args.engine = "kvtax"  # hybrid caches live in the kvtax runner only
     command = recall_cli._command(args, dtype)
-    command = PROG + command[len("kvtax recall"):]
+    command = prog + command[len("kvtax recall"):]
     cfg = RecallConfig(
         model=args.model, contexts=contexts, kvs=kvs, facts=args.facts, seed=args.seed,
         filler=args.filler, engine="kvtax", device=args.device, dtype=dtype,
