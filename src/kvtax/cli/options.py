@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 
 
-def add_model_dtype(p: argparse.ArgumentParser) -> None:
-    """--device, --dtype: where the model runs and in what precision."""
+def add_model_dtype(p: argparse.ArgumentParser, cuda_default: str = "bfloat16",
+                    why: str = "") -> None:
+    """--device, --dtype: where the model runs and in what precision (`cuda_default`: the
+    dtype on CUDA when --dtype is not given; `why` is appended to the help)."""
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    where = ("" if cuda_default == "float32"
+             else f" on CPU, {cuda_default} on CUDA")
     p.add_argument("--dtype", default=None,
-                   help="model dtype: float32, bfloat16, float16 (default float32 on CPU, "
-                        "bfloat16 on CUDA)")
+                   help=f"model dtype: float32, bfloat16, float16 (default float32{where}{why})")
 
 
 def add_run_folder(p: argparse.ArgumentParser, name: str, unit: str) -> None:

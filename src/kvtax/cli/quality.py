@@ -58,7 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="KV format of the reference run (default fp16)")
     p.add_argument("--sliding-kv", default=None,
                    help="KV format of sliding-window layers (default: the arm's format)")
-    add_model_dtype(p)
+    # float32 on CUDA too: a bf16 model amplifies any perturbation of the cache, so KL
+    # against a bf16 run reads 2-4x higher than the cache's own error (Qwen2.5-Coder-0.5B
+    # int8+hk+ck at 32k: 1.7e-3 bf16 vs 5.1e-4 float32, docs/QUALITY.md session 5).
+    add_model_dtype(p, cuda_default="float32",
+                    why="; a bf16 model inflates KL 2-4x, see docs/QUALITY.md")
     p.add_argument("--chunk-size", type=int, default=256,
                    help="prefill chunk in tokens; logits of a whole chunk are held at once "
                         "(default 256)")
@@ -95,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"--contexts takes integers like 512,2048, not {args.contexts!r}", file=sys.stderr)
         return 2
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    dtype = args.dtype or "float32"
     cfg = QualityConfig(
         model=args.model, contexts=contexts, kvs=kvs, tail=args.tail, text=args.text,
         baseline=args.baseline, sliding_kv=args.sliding_kv, device=args.device, dtype=dtype,
