@@ -14,6 +14,7 @@ import torch
 from kvtax.attention.reference import attention_blockwise, rotate_query, unrotate_output
 from kvtax.attention.view import CacheView
 from kvtax.errors import FormatError
+from kvtax.formats.spec import centering_conflict
 
 Impl = Literal["auto", "reference", "triton"]
 _warned: set[str] = set()
@@ -64,13 +65,11 @@ def attention(
 
 
 def refuse_centered_softcap(view: CacheView, softcap: float | None) -> None:
-    """Centered keys (`+ck`) shift every score of a query by the same amount, which
-    softmax cancels but `softcap * tanh(s / softcap)` does not: refuse, don't drift."""
-    if softcap and view.spec.center_keys:
-        raise FormatError(
-            f"KV spec {view.spec.name}: centered keys (+ck) are exact only without logit "
-            f"soft-capping (this call caps at {softcap}); drop +ck for this model"
-        )
+    """FormatError where the view's keys are centered and the call soft-caps (refuse,
+    don't drift: kvtax.formats.spec.centering_conflict)."""
+    why = centering_conflict(view.spec, softcap)
+    if why is not None:
+        raise FormatError(why)
 
 
 def warn_reference_once(q: torch.Tensor, reason: str, what: str, stacklevel: int = 2) -> None:

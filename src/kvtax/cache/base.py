@@ -238,7 +238,8 @@ def key_mean(k: torch.Tensor) -> torch.Tensor:
 
 
 def center(k: torch.Tensor, shift: torch.Tensor | None) -> torch.Tensor:
-    """`k - shift` computed in float32, rounded once to k.dtype (the difference is
-    smaller than k, so this rounding is below the one k already had)."""
+    """`k - shift` (shift in k.dtype): one elementwise launch on the decode path; torch
+    subtracts half-precision operands in float32 and rounds once, and the difference is
+    smaller than k, so this rounding is below the one k already had."""
     assert shift is not None, "a centering cache allocates its shift with the storage"
-    return (k.float() - shift.float()).to(k.dtype)
+    return k - shift

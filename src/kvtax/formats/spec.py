@@ -37,6 +37,16 @@ ROTATIONS = ("", "k", "kv")
 DEFAULT_KV = "int8+hk+ck"
 
 
+def centering_conflict(spec: "KVSpec", softcap: float | None) -> str | None:
+    """Why `spec` cannot serve attention capped at `softcap`, or None. Centered keys
+    (`+ck`) shift all of a query's scores by one amount, which softmax cancels but
+    `softcap * tanh(s / softcap)` does not."""
+    if softcap and spec.center_keys:
+        return (f"KV spec {spec.name}: centered keys (+ck) are exact only without logit "
+                f"soft-capping (attention here caps at {softcap}); drop +ck for this model")
+    return None
+
+
 def default_kv(attn_softcap: float | None = None) -> str:
     """DEFAULT_KV for a model; without +ck where attention logits are soft-capped (Gemma 2),
     since capping is not shift-invariant."""

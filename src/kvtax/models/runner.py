@@ -30,7 +30,7 @@ import torch
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.errors import CapacityError, OptionError
 from kvtax.formats import KVSpec, default_kv
-from kvtax.formats.hybrid import parse_kv
+from kvtax.formats.spec import centering_conflict
 from kvtax.models.decoder import DecoderModel
 from kvtax.models.sampling import sample
 
@@ -92,14 +92,11 @@ class Runner:
         self.spec = KVSpec.parse(default_kv(softcap) if kv is None else kv)
         self.sliding_spec = KVSpec.parse(sliding_kv) if sliding_kv else None
         self.overrides = overrides
-        if softcap:  # say so now, not at the first attention call
-            for s in (self.spec, self.sliding_spec, *(overrides or {}).values()):
-                spec = parse_kv(s) if s is not None else None
-                base = getattr(spec, "base", spec)  # a hybrid spec's body
-                if base is not None and base.center_keys:
-                    raise OptionError(
-                        f"KV spec {spec}: centered keys (+ck) are exact only without logit "
-                        f"soft-capping, which this model applies ({softcap}); drop +ck")
+        for s in (self.spec, self.sliding_spec, *(overrides or {}).values()):
+            if s is not None:  # say so now, not at the first attention call
+                why = centering_conflict(KVSpec.parse(s), softcap)
+                if why is not None:
+                    raise OptionError(why)
         self.chunk_size = chunk_size
         self.device = model.embed.weight.device
         is_cuda = self.device.type == "cuda"
