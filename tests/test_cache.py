@@ -80,11 +80,19 @@ def test_presized_cache_never_moves_and_refuses_overflow() -> None:
 @pytest.mark.parametrize("spec", ["fp16", "int8", "int4-g32", "fp8", "k8v4"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_nbytes_is_exact(spec: str, dtype: torch.dtype) -> None:
+    """nbytes counts the slots allocated: capacity rounded up to storage.ALIGN (1000 →
+    1008), so every per-head stride of the scale tensors divides by 16 (wide kernel loads);
+    capacity, what the cache accepts, stays as asked."""
+    from kvtax.cache.storage import ALIGN, round_up
+
     cache = FullCache(spec, capacity=1000)
     x = torch.randn(3, 4, 777, 128).to(dtype)
     cache.append(x, x)
     per = KVSpec.parse(spec).bytes_per_token(128, dtype)
-    assert cache.nbytes == 3 * 4 * 1000 * per
+    assert cache.capacity == 1000 and round_up(1000, ALIGN) == 1008
+    assert cache.nbytes == 3 * 4 * 1008 * per
+    for t in cache.view().k.parts() + cache.view().v.parts():
+        assert all(s % 16 == 0 for s in t.stride()[:2])
     assert cache.used_nbytes == 3 * 4 * 777 * per
     view = cache.view()
     assert view.k.nbytes + view.v.nbytes == cache.nbytes

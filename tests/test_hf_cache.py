@@ -65,14 +65,17 @@ def test_resident_bytes_equal_format_arithmetic(family: str, kv: str) -> None:
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_static_allocation_equals_format_arithmetic(family: str) -> None:
-    """Preallocated: every full layer holds max_cache_len slots, every ring window-1+chunk."""
+    """Preallocated: every full layer holds max_cache_len slots, every ring window-1+chunk,
+    each allocated rounded up to storage.ALIGN slots (aligned scale strides)."""
+    from kvtax.cache.storage import ALIGN, round_up
+
     model = _model(family)
     cfg = model.config
     max_len, chunk = 40, 6
     cache = KVTaxCache(cfg, kv="int8", max_cache_len=max_len, prefill_chunk=chunk)
     _run(model, cache, torch.randint(1, 97, (1, 17)))
     per = KVSpec.parse("int8").bytes_per_token(cfg.head_dim, torch.float32)
-    slots = [max_len if w is None else w - 1 + chunk for w in layer_windows(cfg)]
+    slots = [round_up(max_len if w is None else w - 1 + chunk, ALIGN) for w in layer_windows(cfg)]
     assert cache.nbytes == sum(per * s * cfg.num_key_value_heads for s in slots)
 
 

@@ -49,9 +49,12 @@ def test_tiny_cpu_run_writes_rows_and_table(tmp_path, capsys) -> None:
     assert quanto == "ok" or quanto.startswith("unavailable")  # optimum-quanto is optional
     assert by["quanto-int4", "static"]["status"].startswith("skipped")
 
-    # A preallocated kvtax cache holds exactly context + new + 1 slots per layer.
+    # A preallocated kvtax cache holds context + new + 1 slots per layer, allocated rounded
+    # up to storage.ALIGN (aligned scale strides for the kernels' loads).
+    from kvtax.cache.storage import ALIGN, round_up
+
     cfg = tiny_config("llama", vocab=1024)
-    slots = 64 + 4 + 1
+    slots = round_up(64 + 4 + 1, ALIGN)
     for kv in ("int8", "int4"):
         per = KVSpec.parse(kv).bytes_per_token(cfg.head_dim, torch.bfloat16)
         want = per * slots * cfg.num_key_value_heads * cfg.num_hidden_layers
