@@ -51,10 +51,11 @@ ALL_ARMS = [
     "unfused-int8", "unfused-int4",
 ]
 # alternatives to the heuristic table, as LaunchConfig field overrides
-# decode: "tile" is decode.py's launch; the others vary decode_warp.py's (triton_api's
-# warp_decode_config keyword arguments)
+# decode: "tile" is decode.py's launch, "warp" warp_decode_config's defaults; the others vary
+# decode_warp.py's (triton_api's warp_decode_config keyword arguments)
 SWEEP_DECODE = {
-    "tile": None, "n16": dict(block_n=16), "n64": dict(block_n=64), "s2": dict(num_stages=2),
+    "tile": None, "warp": {}, "n16": dict(block_n=16), "n64": dict(block_n=64),
+    "s2": dict(num_stages=2),
     "sm4": dict(per_sm=4), "sm6": dict(per_sm=6), "sm12": dict(per_sm=12),
     "sm16": dict(per_sm=16),
     "r168sm12": dict(maxnreg=168, per_sm=12), "r128sm16": dict(maxnreg=128, per_sm=16),
@@ -62,6 +63,9 @@ SWEEP_DECODE = {
     "n16r168sm12": dict(block_n=16, maxnreg=168, per_sm=12),
     "bytes": dict(v_pairs=False), "n64r168sm12": dict(block_n=64, maxnreg=168, per_sm=12),
     "sm10": dict(per_sm=10),
+    # one contiguous run of tiles per split (the order before session 6)
+    "contig": dict(strided=False), "contig-sm4": dict(strided=False, per_sm=4),
+    "n64sm4": dict(block_n=64, per_sm=4),
     # branch-free rescaling (212 registers for int8: 9 resident warps) and register caps
     # that fit 10-11 warps per SM without spilling (compile_check's regs/stack columns)
     "eager": dict(lazy=False), "eager-sm9": dict(lazy=False, per_sm=9),
@@ -70,6 +74,12 @@ SWEEP_DECODE = {
     "eager-s2r184sm11": dict(lazy=False, num_stages=2, maxnreg=184, per_sm=11),
     "eager-n16r128sm16": dict(lazy=False, block_n=16, maxnreg=128, per_sm=16),
     "eager-n16r168sm12": dict(lazy=False, block_n=16, maxnreg=168, per_sm=12),
+}
+# decode_packed.py variants (several KV heads per program; opt-in, measured slower)
+SWEEP_PACKED = {
+    "p": {}, "p-hp2": dict(heads_per_program=2), "p-n32": dict(block_n=32),
+    "p-s3": dict(num_stages=3),
+    "p-sm4": dict(per_sm=4), "p-sm12": dict(per_sm=12),
 }
 SWEEP_PREFILL = {
     "n64": dict(block_n=64), "n128": dict(block_n=128), "f32math": dict(f16_math=False),
@@ -95,7 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sweep-prefill-ctx", type=int, default=16384)
     p.add_argument("--sweep-formats", nargs="+", default=["fp16", "int8", "int4", "fp8"])
     p.add_argument("--sweep-variants", nargs="+", default=None,
-                   help=f"subset of {sorted({*SWEEP_DECODE, *SWEEP_PREFILL})}")
+                   help=f"subset of {sorted({*SWEEP_DECODE, *SWEEP_PACKED, *SWEEP_PREFILL})}")
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="start no new cell after this many seconds (rows so far are kept)")
     p.add_argument("--flush", choices=["write", "read"], default="write",
@@ -203,7 +213,7 @@ def build_arm(name, q, caches, kv, lengths, expect, args):
 
 
 def sweep_config(tag, q, view, lengths) -> LaunchConfig:
-    """The launch of one sweep variant (see SWEEP_DECODE / SWEEP_PREFILL)."""
+    """The launch of one sweep variant (see SWEEP_DECODE / SWEEP_PACKED / SWEEP_PREFILL)."""
     import dataclasses
 
     from kvtax.attention import triton_api as ta
@@ -212,6 +222,12 @@ def sweep_config(tag, q, view, lengths) -> LaunchConfig:
     if base.path == "decode":
         if tag == "tile":
             return ta.tile_decode_config(q, view, lengths)
+        if tag in SWEEP_PACKED:
+            hp = ta.heads_per_program(q, view)
+            if hp < 2:
+                raise ValueError(f"{tag}: this format / shape has no packed decode")
+            opts = {"heads_per_program": hp, **SWEEP_PACKED[tag]}
+            return ta.packed_decode_config(q, view, lengths, **opts)
         return ta.warp_decode_config(q, view, lengths, **SWEEP_DECODE[tag])
     return dataclasses.replace(base, **SWEEP_PREFILL[tag])
 
@@ -223,6 +239,8 @@ def cell_list(args):
         keep = lambda t: args.sweep_variants is None or t in args.sweep_variants  # noqa: E731
         for fmt in args.sweep_formats:
             dec = [t for t in SWEEP_DECODE if keep(t)]
+            if fmt in ("int8", "int4"):
+                dec += [t for t in SWEEP_PACKED if keep(t)]
             pre = [t for t in SWEEP_PREFILL if keep(t)]
             cells += [(max(args.contexts), "decode", f"kvtax-{fmt}@{t}") for t in dec]
             cells += [(args.sweep_prefill_ctx, "prefill", f"kvtax-{fmt}@{t}") for t in pre]
@@ -235,7 +253,7 @@ def main(argv=None) -> None:
     if dry:
         args.contexts, args.chunk, args.reps = [64, 96], 24, 3
         args.sweep_prefill_ctx = 96
-        args.q_heads, args.kv_heads, args.head_dim = 4, 1, 64
+        args.q_heads, args.kv_heads, args.head_dim = 8, 2, 64
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out) / stamp
     out_dir.mkdir(parents=True, exist_ok=True)

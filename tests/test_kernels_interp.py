@@ -117,6 +117,23 @@ def test_decode_split_counts(splits):
     check(q, view, config=cfg, what=f"splits{splits}")
 
 
+@pytest.mark.parametrize("strided", [True, False])
+@pytest.mark.parametrize("splits", [1, 3, 7, 13])
+def test_warp_decode_split_orders(splits, strided):
+    """decode_warp.py's two tile orders (every S-th tile per split, or one run per split)
+    over split counts that leave splits with one, several or no tiles (9 tiles of 16
+    slots, the last one partial)."""
+    import dataclasses
+
+    from kvtax.attention.triton_api import warp_decode_config
+
+    q, view = build("int8", d=64, h_kv=1, group=4, ctx=130, n_q=2)
+    cfg = dataclasses.replace(warp_decode_config(q, view, block_n=16, strided=strided),
+                              num_splits=splits)
+    assert cfg.kernel == "warp" and cfg.strided is strided
+    check(q, view, config=cfg, what=f"warp-splits{splits}-{strided}")
+
+
 @pytest.mark.parametrize("splits", [5, 300])
 def test_split_reduce_merges_partials(splits):
     """The reduce kernel alone on random partials (some splits empty), both its one-shot
@@ -248,7 +265,7 @@ def test_decode_rescaling_across_tiles(spec, lazy, grow):
                     what=f"rescale-{grow}-{spec}")
 
 
-@pytest.mark.parametrize("variant", ["bytes", "eager"])
+@pytest.mark.parametrize("variant", ["bytes", "eager", "contig"])
 @pytest.mark.parametrize(
     "spec, d, group, n_q, ctx, window",
     [("int8", 128, 4, 1, 130, None), ("int4", 64, 4, 2, 75, None), ("fp8", 64, 2, 1, 70, None),
@@ -257,7 +274,7 @@ def test_decode_rescaling_across_tiles(spec, lazy, grow):
 def test_decode_variants(variant, spec, d, group, n_q, ctx, window):
     """Warp-decode launch variants the H200 sweep times against the default
     (benchmarks/attention.py): V read as bytes instead of uint16 pairs; branch-free
-    rescaling of every tile."""
+    rescaling of every tile; one contiguous run of tiles per split."""
     from kvtax.attention.triton_api import warp_decode_config
 
     q, view = build(spec, d=d, h_kv=2, group=group, ctx=ctx, n_q=n_q, window=window,
@@ -265,10 +282,59 @@ def test_decode_variants(variant, spec, d, group, n_q, ctx, window):
     if variant == "bytes":
         cfg = warp_decode_config(q, view, block_n=16, v_pairs=False)
         assert cfg.kernel == "warp" and not cfg.v_pairs
-    else:
+    elif variant == "eager":
         cfg = warp_decode_config(q, view, block_n=16, lazy=False)
         assert cfg.kernel == "warp" and not cfg.lazy
+    else:
+        cfg = warp_decode_config(q, view, block_n=16, strided=False)
+        assert cfg.kernel == "warp" and not cfg.strided
     check(q, view, what=f"{variant}-{spec}", config=cfg)
+
+
+def _packed(q, view):
+    """decode_packed.py's launch with the most KV heads per program the shape allows."""
+    from kvtax.attention.triton_api import heads_per_program, packed_decode_config
+
+    hp = heads_per_program(q, view)
+    assert hp >= 2
+    return packed_decode_config(q, view, heads_per_program=hp)
+
+
+@pytest.mark.parametrize(
+    "spec, d, h_kv, group, n_q, ctx, window, softcap, dtype",
+    [("int8", 128, 4, 4, 1, 130, None, None, torch.float16),  # 4 heads per program
+     ("int4", 128, 2, 4, 1, 75, None, None, torch.bfloat16),
+     ("k8v4", 64, 8, 2, 1, 99, None, None, torch.float16),  # 8 heads: 2 programs of 4
+     ("int8-g128", 256, 2, 2, 2, 40, None, 30.0, torch.float16),  # one group per row
+     ("int4-g128", 128, 4, 1, 3, 70, 24, None, torch.float16),  # rows 3, 6, 9 of 16
+     ("int8", 64, 2, 8, 1, 45, 16, None, torch.bfloat16)],
+)
+def test_decode_packed(spec, d, h_kv, group, n_q, ctx, window, softcap, dtype):
+    """decode_packed.py (several KV heads' query rows in one tile; opt-in) against the
+    reference: 2-4 heads per program, one or two scale groups per row, L > 1, sliding
+    window with sinks (masked tiles), soft-capping, bf16 queries."""
+    q, view = build(spec, d=d, h_kv=h_kv, group=group, ctx=ctx, n_q=n_q, window=window,
+                    sinks=2 if window else 0, dtype=dtype)
+    cfg = _packed(q, view)
+    check(q, view, what=f"packed-{spec}", softcap=softcap)
+
+
+@pytest.mark.parametrize("splits", [1, 5, 13])
+def test_decode_packed_splits_and_lengths(splits):
+    """Packed decode over split counts that leave splits empty (9 tiles of 16 slots), with
+    per-sequence device lengths (what a CUDA graph reads) and left padding."""
+    q, view = build("int8", d=64, h_kv=2, group=4, ctx=130, n_q=1, batch=2)
+    cfg = dataclasses.replace(_packed(q, view), num_splits=splits)
+    lens = torch.tensor([130, 57], dtype=torch.int32, device=DEVICE)
+    out = triton_attention(q, view, lengths=lens, config=cfg)
+    for b, n in enumerate(lens.tolist()):
+        sub = dataclasses.replace(view, k=_batch(view.k, b), v=_batch(view.v, b), length=n)
+        ref = ke.attention_blockwise(q[b : b + 1].float(), sub)
+        ke.assert_close(out[b : b + 1].float(), ref, atol=2e-2, rel_rms=4e-3, what=f"b{b}")
+    kv_start = torch.tensor([0, 23], device=DEVICE)
+    out = triton_attention(q, view, kv_start=kv_start, config=cfg)
+    ref = ke.attention_blockwise(q.float(), view, kv_start=kv_start)
+    ke.assert_close(out.float(), ref, atol=2e-2, rel_rms=4e-3, what=f"kv_start-{splits}")
 
 
 def test_unsupported_calls_say_why():

@@ -27,6 +27,7 @@ import torch
 import triton
 
 from kvtax.attention.kernels.decode import _decode_attn_split_kernel
+from kvtax.attention.kernels.decode_packed import _decode_packed_kernel
 from kvtax.attention.kernels.decode_warp import _decode_warp_kernel
 from kvtax.attention.kernels.prefill import _prefill_attn_fwd_kernel
 from kvtax.attention.kernels.reduce import _decode_attn_reduce_kernel
@@ -57,10 +58,13 @@ class LaunchConfig:
     num_splits: int = 1
     fold: bool = False  # apply K/V scales to scores / P instead of every element (decode)
     f16_math: bool = True  # fp16 models dequantize in fp16
-    kernel: str = "tile"  # decode: "warp" (decode_warp.py, one warp per split) or "tile"
+    kernel: str = "tile"  # decode: "warp" (decode_warp.py, one warp per split), "packed"
+    # (decode_packed.py: heads_per_program KV heads' rows in one tile) or "tile"
+    heads_per_program: int = 1
     maxnreg: int | None = None  # register cap per thread (more resident warps), or None
     v_pairs: bool = True  # warp decode: int8/int4 V read as uint16 pairs where possible
     lazy: bool = True  # warp decode: rescale only when the max grows by > 2^8 (a branch)
+    strided: bool = True  # warp decode: split s takes every S-th tile (False: one run)
 
 
 def _interpreting() -> bool:
@@ -140,6 +144,11 @@ def launch_config(
                 return warp_decode_config(q, view, lengths, block_n=16)
             if not any(f.is_quantized for f in fmts):
                 return warp_decode_config(q, view, lengths, per_sm=4)
+            # int8 K and V: two pipeline stages, 0.084-0.085 vs 0.092 ms at 128k in two
+            # runs of one process; fp8 (0.103) and int4 (0.077 vs 0.069) lost with two
+            # (H200, session 6, docs/BENCHMARKS.md)
+            if all(isinstance(f, AffineFormat) and f.bits == 8 for f in fmts):
+                return warp_decode_config(q, view, lengths, num_stages=2)
             return warp_decode_config(q, view, lengths)
         return tile_decode_config(q, view, lengths)
     if q.dtype == torch.float32:
@@ -155,6 +164,7 @@ def warp_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     block_n: int = 32, per_sm: int = 8, num_stages: int = 3, num_warps: int = 1,
     maxnreg: int | None = None, v_pairs: bool = True, lazy: bool = True,
+    strided: bool = True,
 ) -> LaunchConfig:
     """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
     wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
@@ -165,7 +175,51 @@ def warp_decode_config(
     want = max(1, per_sm * _sm_count(q.device) // bh)
     splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
     return LaunchConfig("decode", 16, block_n, num_warps, num_stages, splits, kernel="warp",
-                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy)
+                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided)
+
+
+def packed_decode_config(
+    q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
+    heads_per_program: int, block_n: int = 16, per_sm: int = 8, num_stages: int = 2,
+) -> LaunchConfig:
+    """decode_packed.py's launch: one warp per program serving `heads_per_program` KV
+    heads (see `heads_per_program`), `per_sm` programs per SM, splits of >= 4 tiles.
+
+    Opt-in (`config=`; benchmarks/attention.py's `p-*` sweep variants): on the H200 it
+    measured 2x slower than decode_warp.py at 128k (notes/KERNELS.md, session 6)."""
+    groups = q.shape[0] * view.num_kv_heads // heads_per_program
+    tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
+    want = max(1, per_sm * _sm_count(q.device) // groups)
+    splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
+    return LaunchConfig("decode", 16, block_n, 1, num_stages, splits, kernel="packed",
+                        heads_per_program=heads_per_program)
+
+
+def heads_per_program(q: torch.Tensor, view: CacheView) -> int:
+    """KV heads whose G * L query rows decode_packed.py packs into one 16-row tile: the
+    largest power of two <= 16 / (G * L) dividing H_kv, or 1 where it doesn't serve
+    (float or fp8 formats, float32 queries, head dims it can't take)."""
+    rows = q.shape[2] * (q.shape[1] // view.num_kv_heads)
+    if _packed_reason(q, view) is not None or rows > 8:
+        return 1
+    hp = 1
+    while hp * 2 * rows <= 16 and view.num_kv_heads % (hp * 2) == 0:
+        hp *= 2
+    return hp
+
+
+def _packed_reason(q: torch.Tensor, view: CacheView) -> str | None:
+    """None when decode_packed.py can serve this call (else why not)."""
+    if q.dtype == torch.float32:  # its dots take fp16 queries (bf16 converts exactly)
+        return "float32 queries"
+    if not all(isinstance(f, AffineFormat) and f.bits in (4, 8)
+               for f in (view.spec.key, view.spec.value)):
+        return "decode_packed.py serves int8/int4 K and V"
+    if view.head_dim < 64:
+        return f"head_dim {view.head_dim} < 64"
+    if not _v_pairs(view):
+        return "V code rows not 2-byte aligned"
+    return _warp_reason(view)
 
 
 def tile_decode_config(
@@ -417,7 +471,22 @@ def _triton_attention(
     part_o = _workspace((b * h_kv, splits, rows, d), q.device)
     part_m = _workspace((b * h_kv, splits, rows), q.device)
     part_l = _workspace((b * h_kv, splits, rows), q.device)
-    if cfg.kernel == "warp":
+    if cfg.kernel == "packed":
+        hp = cfg.heads_per_program
+        reason = _packed_reason(q, view)
+        if reason is None and (min_distance or min_key):
+            reason = "hybrid-cache masks (min_distance / min_key) are decode_warp.py's"
+        if reason is not None or h_kv % hp or hp * rows > cfg.block_m:
+            raise ShapeError(f"decode_packed kernel cannot run this call: {reason or 'rows'}")
+        args = {k: common[k] for k in ("G", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "K_FMT", "V_FMT",
+                                       "IS_RING", "HAS_WINDOW", "SOFTCAP", "HAS_LENS",
+                                       "HAS_KV_START", "num_warps", "num_stages")}
+        _decode_packed_kernel[(b * h_kv // hp, splits)](
+            q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
+            *q.stride(), *strides, HP=hp, K_NG=d // view.spec.key.group_size,
+            V_NG=d // view.spec.value.group_size, ASM=not _interpreting(), IEEE=False, **args,
+        )
+    elif cfg.kernel == "warp":
         reason = _warp_reason(view)
         if reason is not None or cfg.block_m < rows:
             raise ShapeError(f"decode_warp kernel cannot run this call: {reason or 'rows'}")
@@ -483,7 +552,7 @@ def _warp_args(view: CacheView, dtype: torch.dtype, cfg: LaunchConfig, common: d
             "SOFTCAP", "HAS_LENS", "IEEE", "HAS_KV_START", "num_warps", "num_stages")
     args = {k: common[k] for k in keep}
     args.update(K_NG=k_ng, V_NG=v_ng, K_DT=k_dt, V_DT=v_dt, ASM=not _interpreting(),
-                V_PAIRS=cfg.v_pairs and _v_pairs(view), LAZY=cfg.lazy)
+                V_PAIRS=cfg.v_pairs and _v_pairs(view), LAZY=cfg.lazy, STRIDED=cfg.strided)
     if cfg.maxnreg and not _interpreting():
         args["maxnreg"] = cfg.maxnreg
     return args

@@ -300,8 +300,8 @@ def _rescale(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_ti
 
 @triton.jit
 def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-          vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length,
-          kv0, p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc, s_km, s_vc, s_vm,
+          vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
+          length, kv0, p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc, s_km, s_vc, s_vm,
           sinks, ring, window, qk_scale, cap_log2, HEAD_DIM: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
@@ -316,16 +316,16 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     acc_c, acc_d `[BLOCK_M, D/4]` for `_v_pairs`' four dim sets), bias_lo/bias_hi
     `[BLOCK_M]` (sum of P * V bias), m_i/l_i `[BLOCK_M]` (base 2), t_v the V scale
     reference, vs_lo..vb_hi this tile's V scales and biases (`_meta`; the step returns
-    the next tile's, loaded at its start). q_lo/q_hi the K operands' queries, qs_lo/qs_hi
-    their row sums. MASKED=False: every row sees every slot of the tile.
+    the next tile's, `start + step`, loaded at its start). q_lo/q_hi the K operands'
+    queries, qs_lo/qs_hi their row sums. MASKED=False: every row sees every slot of the tile.
 
     Why the V metadata is prefetched by hand: Triton's pipeliner staged the codes and the
     K metadata through cp.async but left one V metadata load inside the iteration that
     needs it, and Nsight Compute showed 31% of the warps' stall cycles waiting on it
     (H200, int8 at 128k, notes/KERNELS.md).
     """
-    o_next = start + BLOCK_N + tl.arange(0, BLOCK_N)
-    nvs_lo, nvb_lo, nvs_hi, nvb_hi = _meta(p_vs, p_vb, start + BLOCK_N, o_next < hi, s_vm,
+    o_next = start + step + tl.arange(0, BLOCK_N)
+    nvs_lo, nvb_lo, nvs_hi, nvb_hi = _meta(p_vs, p_vb, start + step, o_next < hi, s_vm,
                                            BLOCK_N, V_FMT, V_NG)
     o_n = start + tl.arange(0, BLOCK_N)  # int32: slot counts stay below 2^31
     if MASKED:
@@ -396,6 +396,12 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
             nvs_lo, nvb_lo, nvs_hi, nvb_hi)
 
 
+@triton.jit
+def _first(x, off, step):
+    """The first of the tiles off, off + step, off + 2 step, ... at or past slot x."""
+    return off + tl.cdiv(tl.maximum(x - off, 0), step) * step
+
+
 @triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
 def _decode_warp_kernel(
     Q, PartO, PartM, PartL, Kc, Ks, Kb, Vc, Vs, Vb, Lens, KvStart,
@@ -410,14 +416,22 @@ def _decode_warp_kernel(
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
-    LAZY: tl.constexpr = True,
+    LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(
         pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring, IS_RING, HAS_LENS,
         HAS_KV_START)
-    lo, hi = split_range(num_slots, split, num_splits, BLOCK_N)
+    if STRIDED:  # split s takes tiles s, s + S, s + 2S, ...: the programs sweep the cache
+        lo = 0    # together (at 128k, 10% faster to read than one contiguous run per split:
+        hi = num_slots  # benchmarks/read_pattern.py on the H200, notes/KERNELS.md)
+        off = split * BLOCK_N
+        step = num_splits * BLOCK_N
+    else:
+        lo, hi = split_range(num_slots, split, num_splits, BLOCK_N)
+        off = lo
+        step = BLOCK_N
 
     DH: tl.constexpr = HEAD_DIM // 2
     n_rows = G * n_q
@@ -466,35 +480,39 @@ def _decode_warp_kernel(
             last = tl.maximum(length - n_q + 1 - min_dist, 0) // BLOCK_N * BLOCK_N
             full_end = tl.maximum(full_lo, tl.minimum(hi, last))
             hi = tl.maximum(full_end, tl.minimum(hi, length - min_dist))  # skip unseen tiles
-    vs_lo, vb_lo, vs_hi, vb_hi = _meta(p_vs, p_vb, lo, (lo + tl.arange(0, BLOCK_N)) < hi,
-                                       s_vm_t, BLOCK_N, V_FMT, V_NG)
+    # every loop walks this split's tiles off, off + step, ... from its first one past a
+    # bound, so the V metadata prefetched for `start + step` is always the next tile's
+    first = _first(lo, off, step)
+    vs_lo, vb_lo, vs_hi, vb_hi = _meta(p_vs, p_vb, first,
+                                       (first + tl.arange(0, BLOCK_N)) < hi, s_vm_t, BLOCK_N,
+                                       V_FMT, V_NG)
     if HAS_MIN_DIST:
-        for start in range(lo, full_lo, BLOCK_N):
+        for start in range(first, full_lo, step):
             (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
                 acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-                vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi,
-                length, kv0,
+                vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step,
+                hi, length, kv0,
                 p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
                 sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                 K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
                 IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
-    for start in range(full_lo, full_end, BLOCK_N):
+    for start in range(_first(full_lo, off, step), full_end, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
             acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length,
-            kv0,
+            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
+            length, kv0,
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
             HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
-    for start in range(full_end, hi, BLOCK_N):
+    for start in range(_first(full_end, off, step), hi, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
             acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length,
-            kv0,
+            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
+            length, kv0,
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
