@@ -478,13 +478,11 @@ def _triton_attention(
             reason = "hybrid-cache masks (min_distance / min_key) are decode_warp.py's"
         if reason is not None or h_kv % hp or hp * rows > cfg.block_m:
             raise ShapeError(f"decode_packed kernel cannot run this call: {reason or 'rows'}")
-        args = {k: common[k] for k in ("G", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "K_FMT", "V_FMT",
-                                       "IS_RING", "HAS_WINDOW", "SOFTCAP", "HAS_LENS",
-                                       "HAS_KV_START", "num_warps", "num_stages")}
+        args = {**{k: common[k] for k in _ONE_WARP_KEYS}, "IEEE": False}  # fp16 dots
         _decode_packed_kernel[(b * h_kv // hp, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
             *q.stride(), *strides, HP=hp, K_NG=d // view.spec.key.group_size,
-            V_NG=d // view.spec.value.group_size, ASM=not _interpreting(), IEEE=False, **args,
+            V_NG=d // view.spec.value.group_size, ASM=not _interpreting(), **args,
         )
     elif cfg.kernel == "warp":
         reason = _warp_reason(view)
@@ -510,6 +508,12 @@ def _triton_attention(
         num_warps=4,
     )
     return out
+
+
+# the launch-wide constexprs decode_warp.py and decode_packed.py take from `common`
+_ONE_WARP_KEYS = ("G", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "K_FMT", "V_FMT", "IS_RING",
+                  "HAS_WINDOW", "SOFTCAP", "HAS_LENS", "IEEE", "HAS_KV_START", "num_warps",
+                  "num_stages")
 
 
 def _warp_reason(view: CacheView) -> str | None:
@@ -548,9 +552,7 @@ def _warp_args(view: CacheView, dtype: torch.dtype, cfg: LaunchConfig, common: d
 
     k_ng, k_dt = side(view.spec.key)
     v_ng, v_dt = side(view.spec.value)
-    keep = ("G", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "K_FMT", "V_FMT", "IS_RING", "HAS_WINDOW",
-            "SOFTCAP", "HAS_LENS", "IEEE", "HAS_KV_START", "num_warps", "num_stages")
-    args = {k: common[k] for k in keep}
+    args = {k: common[k] for k in _ONE_WARP_KEYS}
     args.update(K_NG=k_ng, V_NG=v_ng, K_DT=k_dt, V_DT=v_dt, ASM=not _interpreting(),
                 V_PAIRS=cfg.v_pairs and _v_pairs(view), LAZY=cfg.lazy, STRIDED=cfg.strided)
     if cfg.maxnreg and not _interpreting():

@@ -166,24 +166,23 @@ def _decode_packed_kernel(
         full_end = 0
     else:
         full_end = tl.minimum(hi, ((length - n_q + 1) // BLOCK_N) * BLOCK_N)
-    for start in range(off, full_end, step):
-        acc_a, acc_b, acc_c, acc_d, m_i, l_i = _packed_step(
-            acc_a, acc_b, acc_c, acc_d, m_i, l_i, q_lo, q_hi, row_hh, q_pos, start, hi,
-            length, kv0, b, h0, Kc, Ks, Kb, Vc, Vs, Vb,
-            s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
-            s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
-            sinks, ring, window, qk_scale, cap_log2, HP, HEAD_DIM, BLOCK_M, BLOCK_N,
-            K_FMT, K_NG, V_FMT, V_NG, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM)
-    for start in range(_first(full_end, off, step), hi, step):
-        acc_a, acc_b, acc_c, acc_d, m_i, l_i = _packed_step(
-            acc_a, acc_b, acc_c, acc_d, m_i, l_i, q_lo, q_hi, row_hh, q_pos, start, hi,
-            length, kv0, b, h0, Kc, Ks, Kb, Vc, Vs, Vb,
-            s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
-            s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
-            sinks, ring, window, qk_scale, cap_log2, HP, HEAD_DIM, BLOCK_M, BLOCK_N,
-            K_FMT, K_NG, V_FMT, V_NG, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM)
+    # two passes over this split's tiles: unmasked below full_end, masked from there on
+    for masked in tl.static_range(2):
+        if masked:
+            first = _first(full_end, off, step)
+            end = hi
+        else:
+            first = off
+            end = full_end
+        for start in range(first, end, step):
+            acc_a, acc_b, acc_c, acc_d, m_i, l_i = _packed_step(
+                acc_a, acc_b, acc_c, acc_d, m_i, l_i, q_lo, q_hi, row_hh, q_pos, start, hi,
+                length, kv0, b, h0, Kc, Ks, Kb, Vc, Vs, Vb,
+                s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
+                s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
+                sinks, ring, window, qk_scale, cap_log2, HP, HEAD_DIM, BLOCK_M, BLOCK_N,
+                K_FMT, K_NG, V_FMT, V_NG, masked == 1, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
+                HAS_KV_START, ASM)
 
     # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
     bh = b * n_kv_heads + h0 + row_hh
