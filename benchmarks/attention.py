@@ -74,13 +74,6 @@ SWEEP_DECODE = {
     "eager-s2r184sm11": dict(lazy=False, num_stages=2, maxnreg=184, per_sm=11),
     "eager-n16r128sm16": dict(lazy=False, block_n=16, maxnreg=128, per_sm=16),
     "eager-n16r168sm12": dict(lazy=False, block_n=16, maxnreg=168, per_sm=12),
-    # sub-streams: row blocks of the 16-row tile score different sub-tiles (session 7)
-    "ss2": dict(block_n=16, sub_streams=2), "ss2-st2": dict(block_n=16, sub_streams=2, num_stages=2),
-    "ss4": dict(block_n=16, sub_streams=4), "ss4-st2": dict(block_n=16, sub_streams=4, num_stages=2),
-    "ss4-sm4": dict(block_n=16, sub_streams=4, per_sm=4),
-    "ss4-sm6-st2": dict(block_n=16, sub_streams=4, per_sm=6, num_stages=2),
-    "ss2n32": dict(sub_streams=2), "ss2n32-st2": dict(sub_streams=2, num_stages=2),
-    "ss4n32-st2": dict(sub_streams=4, num_stages=2),
 }
 # decode_packed.py variants (several KV heads per program; opt-in, measured slower)
 SWEEP_PACKED = {

@@ -110,24 +110,3 @@ def test_cuda_graph_decode_with_device_lengths(spec):
         graph.replay()
         ref = ke.attention_blockwise(q.float(), cache.view())
         ke.assert_close(out.float(), ref, atol=2e-2, rel_rms=4e-3, what=f"graph step {step}")
-
-
-@pytest.mark.parametrize("ctx", [63, 257, 8193])
-@pytest.mark.parametrize("subs", [2, 4])
-@pytest.mark.parametrize("spec", ALL_SPECS_128)
-def test_decode_sub_streams(spec, subs, ctx):
-    """decode_warp.py's sub-streams (row blocks scoring different sub-tiles) over every
-    format at D = 128, GQA 4, full and sliding caches."""
-    import dataclasses
-
-    from kvtax.attention.triton_api import _warp_reason, warp_decode_config
-
-    for window in (None, 200):
-        q, view = build(spec, d=128, h_kv=8, group=4, ctx=ctx, n_q=1, window=window,
-                        sinks=4 if window else 0, seed=ctx + subs)
-        if _warp_reason(view) is not None:
-            pytest.skip(f"decode_warp.py does not serve {spec}: {_warp_reason(view)}")
-        cfg = warp_decode_config(q, view, block_n=16 if subs == 4 else 32, sub_streams=subs)
-        for splits in (cfg.num_splits, 3):
-            check(q, view, config=dataclasses.replace(cfg, num_splits=splits),
-                  what=f"subs{subs}-{spec}-ctx{ctx}-w{window}-s{splits}")

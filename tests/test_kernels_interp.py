@@ -291,44 +291,6 @@ def test_decode_variants(variant, spec, d, group, n_q, ctx, window):
     check(q, view, what=f"{variant}-{spec}", config=cfg)
 
 
-@pytest.mark.parametrize("subs", [2, 4])
-@pytest.mark.parametrize(
-    "spec, d, group, n_q, ctx, window, softcap, dtype",
-    [("int8", 128, 4, 1, 130, None, None, torch.float16),  # 4 rows: 4 sub-streams fit
-     ("int4", 128, 4, 1, 75, None, None, torch.bfloat16),
-     ("fp8", 64, 2, 1, 70, None, None, torch.float16),
-     ("k8v4", 128, 4, 1, 40, 24, None, torch.float16),    # ring + sinks: masked tiles
-     ("fp16", 64, 4, 1, 45, None, 5.0, torch.float16),     # soft-capping
-     ("int4-g64", 64, 2, 2, 99, None, None, torch.float16),  # one scale group per row
-     ("k4v8", 64, 1, 3, 61, None, None, torch.float32)],  # float32 dots, V as bytes
-)
-def test_decode_sub_streams(subs, spec, d, group, n_q, ctx, window, softcap, dtype):
-    """decode_warp.py with row blocks of the tile scoring different sub-tiles (each a
-    split of its own for the reduction) over formats, masks and split counts that leave
-    some sub-streams empty."""
-    from kvtax.attention.triton_api import warp_decode_config
-
-    q, view = build(spec, d=d, h_kv=2, group=group, ctx=ctx, n_q=n_q, window=window,
-                    sinks=2 if window else 0, dtype=dtype)
-    cfg = warp_decode_config(q, view, block_n=16, sub_streams=subs)
-    assert cfg.kernel == "warp" and cfg.sub_streams == subs
-    for splits in sorted({1, cfg.num_splits, 3}):
-        check(q * (4 if softcap else 1), view, softcap=softcap,
-              config=dataclasses.replace(cfg, num_splits=splits),
-              what=f"subs{subs}-{spec}-splits{splits}")
-
-
-def test_decode_sub_streams_rejects_too_many_rows():
-    from kvtax.attention.triton_api import warp_decode_config
-
-    q, view = build("int8", d=64, h_kv=1, group=4, ctx=40, n_q=2)  # 8 rows
-    with pytest.raises(ShapeError, match="sub_streams"):
-        warp_decode_config(q, view, sub_streams=4)
-    cfg = dataclasses.replace(warp_decode_config(q, view, sub_streams=2), sub_streams=4)
-    with pytest.raises(ShapeError, match="sub-streams"):
-        triton_attention(q, view, config=cfg)
-
-
 def _packed(q, view):
     """decode_packed.py's launch with the most KV heads per program the shape allows."""
     from kvtax.attention.triton_api import heads_per_program, packed_decode_config

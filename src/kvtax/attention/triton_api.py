@@ -65,9 +65,6 @@ class LaunchConfig:
     v_pairs: bool = True  # warp decode: int8/int4 V read as uint16 pairs where possible
     lazy: bool = True  # warp decode: rescale only when the max grows by > 2^8 (a branch)
     strided: bool = True  # warp decode: split s takes every S-th tile (False: one run)
-    # warp decode: row blocks of the 16-row tile score this many sub-tiles of block_n
-    # slots at once, each block a split of its own (needs G * L <= 16 / sub_streams)
-    sub_streams: int = 1
 
 
 def _interpreting() -> bool:
@@ -167,23 +164,18 @@ def warp_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     block_n: int = 32, per_sm: int = 8, num_stages: int = 3, num_warps: int = 1,
     maxnreg: int | None = None, v_pairs: bool = True, lazy: bool = True,
-    strided: bool = True, sub_streams: int = 1,
+    strided: bool = True,
 ) -> LaunchConfig:
     """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
     wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
-    128k, notes/KERNELS.md); splits of >= 4 tiles of `sub_streams * block_n` slots."""
-    rows = q.shape[2] * (q.shape[1] // view.num_kv_heads)
-    if sub_streams < 1 or 16 % sub_streams or rows > 16 // sub_streams:
-        raise ShapeError(f"sub_streams {sub_streams}: 16 / sub_streams must be a whole "
-                         f"number >= the {rows} query rows per KV head")
+    128k, notes/KERNELS.md); splits of >= 4 tiles."""
     bh = q.shape[0] * view.num_kv_heads
-    tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n * sub_streams)
+    tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
     # rounded down: a few programs past per_sm x SMs would run as a second, nearly empty wave
     want = max(1, per_sm * _sm_count(q.device) // bh)
     splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
     return LaunchConfig("decode", 16, block_n, num_warps, num_stages, splits, kernel="warp",
-                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided,
-                        sub_streams=sub_streams)
+                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided)
 
 
 def packed_decode_config(
@@ -476,11 +468,9 @@ def _triton_attention(
         return out
 
     rows, splits = group * n_q, cfg.num_splits
-    # warp decode's sub-streams write a partial each (sub-stream r of split s: s * subs + r)
-    subs = cfg.sub_streams if cfg.kernel == "warp" else 1
-    part_o = _workspace((b * h_kv, splits * subs, rows, d), q.device)
-    part_m = _workspace((b * h_kv, splits * subs, rows), q.device)
-    part_l = _workspace((b * h_kv, splits * subs, rows), q.device)
+    part_o = _workspace((b * h_kv, splits, rows, d), q.device)
+    part_m = _workspace((b * h_kv, splits, rows), q.device)
+    part_l = _workspace((b * h_kv, splits, rows), q.device)
     if cfg.kernel == "packed":
         hp = cfg.heads_per_program
         reason = _packed_reason(q, view)
@@ -496,10 +486,8 @@ def _triton_attention(
         )
     elif cfg.kernel == "warp":
         reason = _warp_reason(view)
-        if reason is None and (cfg.block_m % subs or cfg.block_m // subs < rows):
-            reason = f"{rows} query rows per KV head in {subs} sub-streams of a {cfg.block_m}-row tile"
-        if reason is not None:
-            raise ShapeError(f"decode_warp kernel cannot run this call: {reason}")
+        if reason is not None or cfg.block_m < rows:
+            raise ShapeError(f"decode_warp kernel cannot run this call: {reason or 'rows'}")
         _decode_warp_kernel[(b * h_kv, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
             *q.stride(), *strides, **masks, HAS_MIN_DIST=common["HAS_MIN_DIST"],
@@ -510,7 +498,6 @@ def _triton_attention(
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
             *q.stride(), *strides, **masks, **common,
         )
-    splits *= subs
     splits_pad = triton.next_power_of_2(splits)
     d_block = min(32, triton.next_power_of_2(d))
     _decode_attn_reduce_kernel[(b * h_kv, rows, triton.cdiv(d, d_block))](
@@ -567,8 +554,7 @@ def _warp_args(view: CacheView, dtype: torch.dtype, cfg: LaunchConfig, common: d
     v_ng, v_dt = side(view.spec.value)
     args = {k: common[k] for k in _ONE_WARP_KEYS}
     args.update(K_NG=k_ng, V_NG=v_ng, K_DT=k_dt, V_DT=v_dt, ASM=not _interpreting(),
-                V_PAIRS=cfg.v_pairs and _v_pairs(view), LAZY=cfg.lazy, STRIDED=cfg.strided,
-                SUBS=cfg.sub_streams)
+                V_PAIRS=cfg.v_pairs and _v_pairs(view), LAZY=cfg.lazy, STRIDED=cfg.strided)
     if cfg.maxnreg and not _interpreting():
         args["maxnreg"] = cfg.maxnreg
     return args

@@ -299,143 +299,6 @@ def _rescale(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_ti
 
 
 @triton.jit
-def _qk(q_lo, q_hi, k_lo, k_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        K_FMT: tl.constexpr, K_NG: tl.constexpr, IEEE: tl.constexpr):
-    """Raw dots of the queries with a tile's K operands, `[BLOCK_M, BLOCK_N]` each:
-    (q . k, unused) where one scale serves the whole row (float, fp8, one group), else
-    (q_lo . k_lo, q_hi . k_hi), one per scale group."""
-    zeros_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if K_FMT == 0 or K_FMT == 3 or K_NG == 1:
-        d_lo = _dot_acc(q_hi, tl.trans(k_hi), _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE),
-                        IEEE)
-        d_hi = zeros_s
-    else:
-        d_lo = _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE)
-        d_hi = _dot_acc(q_hi, tl.trans(k_hi), zeros_s, IEEE)
-    return d_lo, d_hi
-
-
-@triton.jit
-def _fold(d_lo, d_hi, ks_lo, kb_lo, ks_hi, kb_hi, qs_lo, qs_hi, qk_scale, K_FMT: tl.constexpr,
-          K_NG: tl.constexpr):
-    """Base-2 scores from `_qk`'s dots and the K scales and centered biases, given as
-    `[1, N]` rows or `[BLOCK_M, N]` tiles: s (q . c) + b sum(q) per scale group."""
-    if K_FMT == 0:
-        s = d_lo * qk_scale
-    elif K_FMT == 3 or K_NG == 1:
-        s = d_lo * (ks_lo * qk_scale)
-        if K_FMT != 3:
-            s += (qs_lo + qs_hi)[:, None] * (kb_lo * qk_scale)
-    else:
-        s = d_lo * (ks_lo * qk_scale)
-        s += d_hi * (ks_hi * qk_scale)
-        s += qs_lo[:, None] * (kb_lo * qk_scale)
-        s += qs_hi[:, None] * (kb_hi * qk_scale)
-    return s
-
-
-@triton.jit
-def _rows_of(x, SUBS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Flat per-slot values of SUBS sub-tiles `[SUBS * BLOCK_N]` → `[BLOCK_M, BLOCK_N]`
-    where row block r (rows r * BLOCK_M / SUBS ...) holds sub-tile r's."""
-    RB: tl.constexpr = BLOCK_M // SUBS
-    x3 = tl.broadcast_to(tl.reshape(x, (SUBS, 1, BLOCK_N)), (SUBS, RB, BLOCK_N))
-    return tl.reshape(x3, (BLOCK_M, BLOCK_N))
-
-
-@triton.jit
-def _sub_scores(q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length, kv0, p_kc, p_ks, p_kb,
-                s_kc, s_km, sinks, ring, window, qk_scale, cap_log2, HEAD_DIM: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_FMT: tl.constexpr,
-                K_NG: tl.constexpr, K_DT: tl.constexpr, MASKED: tl.constexpr,
-                IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-                IEEE: tl.constexpr, HAS_KV_START: tl.constexpr, ASM: tl.constexpr,
-                min_dist, min_key, HAS_MIN_DIST: tl.constexpr, SUBS: tl.constexpr):
-    """Scores `[BLOCK_M, BLOCK_N]` of SUBS sub-streams: the tile's rows are SUBS blocks
-    of the same G * L query rows, and row block r scores sub-tile r (slots start + r *
-    BLOCK_N ...), masked. Why: at G * L = 4 a 16-row MMA tile is 3/4 padding, and every
-    float op on the score tile (fold, max, exp2, scaling P) is paid per row; here the
-    dots per slot are the same but the score tile's work is spread over SUBS x more
-    slots. The sub-streams are merged by the split reduction (each is a split of its own).
-    """
-    TILE: tl.constexpr = SUBS * BLOCK_N
-    rb = (tl.arange(0, BLOCK_M) // (BLOCK_M // SUBS))[:, None]
-    o_t = start + tl.arange(0, TILE)
-    m_t = (o_t < hi) if MASKED else None
-    ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, start, m_t, s_km, TILE, K_FMT, K_NG)
-    for r in tl.static_range(SUBS):
-        o_n = start + r * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_n = (o_n < hi) if MASKED else None
-        k_lo, k_hi = _operands(p_kc, o_n, m_n, s_kc, HEAD_DIM, K_FMT, K_DT, ASM)
-        e_lo, e_hi = _qk(q_lo, q_hi, k_lo, k_hi, BLOCK_M, BLOCK_N, K_FMT, K_NG, IEEE)
-        if MASKED:
-            v_r = visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING,
-                          HAS_WINDOW, HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
-        if r == 0:
-            d_lo = e_lo
-            d_hi = e_hi
-            if MASKED:
-                vis = v_r
-        else:
-            d_lo = tl.where(rb == r, e_lo, d_lo)
-            d_hi = tl.where(rb == r, e_hi, d_hi)
-            if MASKED:
-                vis = tl.where(rb == r, v_r, vis)
-    s = _fold(d_lo, d_hi, _rows_of(ks_lo, SUBS, BLOCK_M, BLOCK_N),
-              _rows_of(kb_lo, SUBS, BLOCK_M, BLOCK_N), _rows_of(ks_hi, SUBS, BLOCK_M, BLOCK_N),
-              _rows_of(kb_hi, SUBS, BLOCK_M, BLOCK_N), qs_lo, qs_hi, qk_scale, K_FMT, K_NG)
-    if SOFTCAP:
-        s = cap_log2 * _tanh(s)
-    if MASKED:
-        s = tl.where(vis, s, float("-inf"))
-    return s
-
-
-@triton.jit
-def _sub_pv(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, p, vs_lo, vb_lo, vs_hi, vb_hi,
-            inv_t, start, hi, p_vc, s_vc, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
-            V_DT: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr, ASM: tl.constexpr,
-            V_PAIRS: tl.constexpr, SUBS: tl.constexpr):
-    """acc += P @ V over SUBS sub-streams (`_sub_scores`): row block r of P times sub-tile
-    r's V operands, the other blocks' P zeroed; vs_* / vb_* flat `[SUBS * BLOCK_N]`."""
-    rb = (tl.arange(0, BLOCK_M) // (BLOCK_M // SUBS))[:, None]
-    if V_FMT == 0:
-        p_lo = p.to(V_DT)
-        p_hi = p_lo
-    else:
-        p_lo = (p * _rows_of(vs_lo * inv_t, SUBS, BLOCK_M, BLOCK_N)).to(V_DT)
-        if V_NG == 2:
-            p_hi = (p * _rows_of(vs_hi * inv_t, SUBS, BLOCK_M, BLOCK_N)).to(V_DT)
-        else:
-            p_hi = p_lo
-    zero = tl.zeros_like(p_lo)
-    for r in tl.static_range(SUBS):
-        o_n = start + r * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_n = (o_n < hi) if MASKED else None
-        r_lo = tl.where(rb == r, p_lo, zero)
-        r_hi = tl.where(rb == r, p_hi, zero)
-        if V_PAIRS:
-            v_a, v_b, v_c, v_d = _v_pairs(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
-            acc_lo = _dot_acc(r_lo, v_a, acc_lo, IEEE)
-            acc_hi = _dot_acc(r_lo, v_b, acc_hi, IEEE)
-            acc_c = _dot_acc(r_hi, v_c, acc_c, IEEE)
-            acc_d = _dot_acc(r_hi, v_d, acc_d, IEEE)
-        else:
-            v_lo, v_hi = _operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
-            acc_lo = _dot_acc(r_lo, v_lo, acc_lo, IEEE)
-            acc_hi = _dot_acc(r_hi, v_hi, acc_hi, IEEE)
-    if V_FMT == 1 or V_FMT == 2:
-        bias_lo += tl.sum(p * _rows_of(vb_lo, SUBS, BLOCK_M, BLOCK_N), 1)
-        if V_NG == 1:
-            bias_hi = bias_lo
-        else:
-            bias_hi += tl.sum(p * _rows_of(vb_hi, SUBS, BLOCK_M, BLOCK_N), 1)
-    return acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi
-
-
-
-@triton.jit
 def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
           vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
           length, kv0, p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc, s_km, s_vc, s_vm,
@@ -446,9 +309,8 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
           IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
           IEEE: tl.constexpr, HAS_KV_START: tl.constexpr, ASM: tl.constexpr,
           V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr,
-          LAZY: tl.constexpr, SUBS: tl.constexpr):
-    """One online-softmax step over slots `[start, start + SUBS * BLOCK_N)` (see the
-    kernel; SUBS > 1: row block r of the tile scores sub-tile r, `_sub_scores`).
+          LAZY: tl.constexpr):
+    """One online-softmax step over slots `[start, start + BLOCK_N)` (see the kernel).
 
     State: acc_lo/acc_hi `[BLOCK_M, D/2]` f32 in units of t_v (V_PAIRS: acc_lo, acc_hi,
     acc_c, acc_d `[BLOCK_M, D/4]` for `_v_pairs`' four dim sets), bias_lo/bias_hi
@@ -462,33 +324,36 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     needs it, and Nsight Compute showed 31% of the warps' stall cycles waiting on it
     (H200, int8 at 128k, notes/KERNELS.md).
     """
-    TILE: tl.constexpr = SUBS * BLOCK_N
-    o_next = start + step + tl.arange(0, TILE)
+    o_next = start + step + tl.arange(0, BLOCK_N)
     nvs_lo, nvb_lo, nvs_hi, nvb_hi = _meta(p_vs, p_vb, start + step, o_next < hi, s_vm,
-                                           TILE, V_FMT, V_NG)
+                                           BLOCK_N, V_FMT, V_NG)
     o_n = start + tl.arange(0, BLOCK_N)  # int32: slot counts stay below 2^31
     if MASKED:
         m_n = o_n < hi
     else:
         m_n = None
-    if SUBS > 1:
-        s = _sub_scores(q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, length, kv0, p_kc, p_ks,
-                        p_kb, s_kc, s_km, sinks, ring, window, qk_scale, cap_log2, HEAD_DIM,
-                        BLOCK_M, BLOCK_N, K_FMT, K_NG, K_DT, MASKED, IS_RING, HAS_WINDOW,
-                        SOFTCAP, IEEE, HAS_KV_START, ASM, min_dist, min_key, HAS_MIN_DIST,
-                        SUBS)
+    k_lo, k_hi = _operands(p_kc, o_n, m_n, s_kc, HEAD_DIM, K_FMT, K_DT, ASM)
+    ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, start, m_n, s_km, BLOCK_N, K_FMT, K_NG)
+    zeros_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if K_FMT == 0:
+        s = _dot_acc(q_hi, tl.trans(k_hi), _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
+        s = s * qk_scale
+    elif K_FMT == 3 or K_NG == 1:  # one scale per row: one accumulator for both halves
+        s = _dot_acc(q_hi, tl.trans(k_hi), _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
+        s = s * (ks_lo * qk_scale)[None, :]
+        if K_FMT != 3:
+            s += (qs_lo + qs_hi)[:, None] * (kb_lo * qk_scale)[None, :]
     else:
-        k_lo, k_hi = _operands(p_kc, o_n, m_n, s_kc, HEAD_DIM, K_FMT, K_DT, ASM)
-        ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, start, m_n, s_km, BLOCK_N, K_FMT, K_NG)
-        d_lo, d_hi = _qk(q_lo, q_hi, k_lo, k_hi, BLOCK_M, BLOCK_N, K_FMT, K_NG, IEEE)
-        s = _fold(d_lo, d_hi, ks_lo[None, :], kb_lo[None, :], ks_hi[None, :], kb_hi[None, :],
-                  qs_lo, qs_hi, qk_scale, K_FMT, K_NG)
-        if SOFTCAP:
-            s = cap_log2 * _tanh(s)
-        if MASKED:  # padded rows (q = 0) see finite zeros and are never stored
-            vis = visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING,
-                          HAS_WINDOW, HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
-            s = tl.where(vis, s, float("-inf"))
+        s = _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE) * (ks_lo * qk_scale)[None, :]
+        s += _dot_acc(q_hi, tl.trans(k_hi), zeros_s, IEEE) * (ks_hi * qk_scale)[None, :]
+        s += qs_lo[:, None] * (kb_lo * qk_scale)[None, :]
+        s += qs_hi[:, None] * (kb_hi * qk_scale)[None, :]
+    if SOFTCAP:
+        s = cap_log2 * _tanh(s)
+    if MASKED:  # padded rows (q = 0) see finite zeros and are never stored
+        vis = visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING, HAS_WINDOW,
+                      HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
+        s = tl.where(vis, s, float("-inf"))
     # Lazy rescaling: the running max moves (and acc, l are rescaled) only when some
     # row's max grew by more than 2^8, or this tile's V scales outgrew t_v by 2^6;
     # otherwise P may reach 2^8 and P * s / t_v 2^14, both well inside fp16. Most tiles
@@ -509,12 +374,7 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     p = tl.exp2(s - m_base[:, None])
     l_i += tl.sum(p, 1)
     inv_t = 1.0 / t_v
-    if SUBS > 1:
-        acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi = _sub_pv(
-            acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, p, vs_lo, vb_lo, vs_hi, vb_hi,
-            inv_t, start, hi, p_vc, s_vc, HEAD_DIM, BLOCK_M, BLOCK_N, V_FMT, V_NG, V_DT,
-            MASKED, IEEE, ASM, V_PAIRS, SUBS)
-    elif V_PAIRS:
+    if V_PAIRS:
         v_a, v_b, v_c, v_d = _v_pairs(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
         p_lo = (p * (vs_lo * inv_t)[None, :]).to(V_DT)
         p_hi = (p * (vs_hi * inv_t)[None, :]).to(V_DT)
@@ -526,7 +386,7 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
         v_lo, v_hi = _operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
         acc_lo = _pv(acc_lo, p, v_lo, vs_lo, inv_t, V_DT, V_FMT, IEEE)
         acc_hi = _pv(acc_hi, p, v_hi, vs_hi, inv_t, V_DT, V_FMT, IEEE)
-    if SUBS == 1 and (V_FMT == 1 or V_FMT == 2):
+    if V_FMT == 1 or V_FMT == 2:
         bias_lo += tl.sum(p * vb_lo[None, :], 1)
         if V_NG == 1:
             bias_hi = bias_lo
@@ -556,36 +416,31 @@ def _decode_warp_kernel(
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
-    LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True, SUBS: tl.constexpr = 1,
+    LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(
         pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring, IS_RING, HAS_LENS,
         HAS_KV_START)
-    # a tile is SUBS sub-tiles of BLOCK_N slots, one per row block (`_sub_scores`)
-    TILE: tl.constexpr = SUBS * BLOCK_N
     if STRIDED:  # split s takes tiles s, s + S, s + 2S, ...: the programs sweep the cache
         lo = 0    # together (at 128k, 10% faster to read than one contiguous run per split:
         hi = num_slots  # benchmarks/read_pattern.py on the H200, notes/KERNELS.md)
-        off = split * TILE
-        step = num_splits * TILE
+        off = split * BLOCK_N
+        step = num_splits * BLOCK_N
     else:
-        lo, hi = split_range(num_slots, split, num_splits, TILE)
+        lo, hi = split_range(num_slots, split, num_splits, BLOCK_N)
         off = lo
-        step = TILE
+        step = BLOCK_N
 
     DH: tl.constexpr = HEAD_DIM // 2
     n_rows = G * n_q
-    # row i of the tile: query row o_j (head o_j % G, position o_j // G) of sub-stream o_r
     o_m = tl.arange(0, BLOCK_M)
-    o_r = o_m // (BLOCK_M // SUBS)
-    o_j = o_m % (BLOCK_M // SUBS)
-    o_l = o_j // G
-    m_row = o_j < n_rows
+    o_l = o_m // G
+    m_row = o_m < n_rows
     q_pos = length - n_q + o_l
     o_d = tl.arange(0, DH)
-    p_q = Q + b * s_qb + (h * G + o_j % G)[:, None] * s_qh + o_l.to(tl.int64)[:, None] * s_ql
+    p_q = Q + b * s_qb + (h * G + o_m % G)[:, None] * s_qh + o_l.to(tl.int64)[:, None] * s_ql
     q_lo = tl.load(p_q + o_d[None, :] * s_qd, mask=m_row[:, None], other=0.0).to(K_DT)
     q_hi = tl.load(p_q + (o_d + DH)[None, :] * s_qd, mask=m_row[:, None], other=0.0).to(K_DT)
     # sum(q) per half, of the operand the dots see, for the folded K biases
@@ -617,19 +472,19 @@ def _decode_warp_kernel(
     if IS_RING or HAS_WINDOW or HAS_KV_START:
         full_end = lo
     else:
-        full_end = tl.maximum(lo, tl.minimum(hi, ((length - n_q + 1) // TILE) * TILE))
+        full_end = tl.maximum(lo, tl.minimum(hi, ((length - n_q + 1) // BLOCK_N) * BLOCK_N))
     full_lo = lo
     if HAS_MIN_DIST:  # one part of a hybrid cache: keys [min_key, q - min_dist]
         if not (IS_RING or HAS_WINDOW or HAS_KV_START):
-            full_lo = tl.maximum(lo, tl.minimum(hi, tl.cdiv(min_key, TILE) * TILE))
-            last = tl.maximum(length - n_q + 1 - min_dist, 0) // TILE * TILE
+            full_lo = tl.maximum(lo, tl.minimum(hi, tl.cdiv(min_key, BLOCK_N) * BLOCK_N))
+            last = tl.maximum(length - n_q + 1 - min_dist, 0) // BLOCK_N * BLOCK_N
             full_end = tl.maximum(full_lo, tl.minimum(hi, last))
             hi = tl.maximum(full_end, tl.minimum(hi, length - min_dist))  # skip unseen tiles
     # every loop walks this split's tiles off, off + step, ... from its first one past a
     # bound, so the V metadata prefetched for `start + step` is always the next tile's
     first = _first(lo, off, step)
     vs_lo, vb_lo, vs_hi, vb_hi = _meta(p_vs, p_vb, first,
-                                       (first + tl.arange(0, TILE)) < hi, s_vm_t, TILE,
+                                       (first + tl.arange(0, BLOCK_N)) < hi, s_vm_t, BLOCK_N,
                                        V_FMT, V_NG)
     if HAS_MIN_DIST:
         for start in range(first, full_lo, step):
@@ -641,7 +496,7 @@ def _decode_warp_kernel(
                 p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
                 sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                 K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
-                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY, SUBS)
+                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
     for start in range(_first(full_lo, off, step), full_end, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
@@ -651,7 +506,7 @@ def _decode_warp_kernel(
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY, SUBS)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
     for start in range(_first(full_end, off, step), hi, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
@@ -661,11 +516,10 @@ def _decode_warp_kernel(
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY, SUBS)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
 
-    # partials: PartO [B*H_kv, splits * SUBS, R, D], PartM / PartL [B*H_kv, splits * SUBS,
-    # R]; sub-stream r of split s is partial s * SUBS + r
-    row = ((pid_bh.to(tl.int64) * num_splits + split) * SUBS + o_r) * n_rows + o_j
+    # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
+    row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m
     tl.store(PartM + row, m_i, mask=m_row)
     tl.store(PartL + row, l_i, mask=m_row)
     p_o = PartO + row[:, None] * HEAD_DIM
