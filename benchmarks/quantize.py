@@ -48,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunk", type=int, default=2048,
                    help="also time appending a prefill chunk of this many tokens (0: skip)")
     p.add_argument("--reps", type=int, default=100, help="timed graph replays (default 100)")
+    p.add_argument("--launches", nargs="*", default=[], metavar="fused-rRwW",
+                   help="also time the fused kernel with R rows per program and W warps "
+                        "(e.g. fused-r1w1 fused-r2w2) instead of its heuristic")
     p.add_argument("--out", default="runs/quantize", help="results go to OUT/<timestamp>/")
     return p.parse_args(argv)
 
@@ -127,8 +130,14 @@ def run_format(spec: str, args) -> list[dict]:
     pos_t = torch.tensor([args.position], device=dev)
     chunk = (new(args.chunk), new(args.chunk)) if args.chunk else None
     rows, stores = [], {}
-    for path in ("fused", "torch"):
-        caches = _caches(spec, path == "fused", args, k0, v0)
+    from kvtax.formats import store_triton
+
+    for path in ("fused", "torch", *args.launches):
+        # fused-rRwW: the fused kernel with R rows per program and W warps (not the heuristic)
+        launch = tuple(int(x) for x in path[7:].lstrip("r").split("w")) if path[6:] else None
+        store_triton.LAUNCH_OVERRIDE = launch
+        store_triton._OP_PLANS.clear()
+        caches = _caches(spec, path != "torch", args, k0, v0)
 
         def step() -> None:
             for c in caches:
@@ -150,6 +159,8 @@ def run_format(spec: str, args) -> list[dict]:
             row["chunk_tokens"] = args.chunk
         stores[path] = [c.store for c in caches]
         rows.append(row)
+    store_triton.LAUNCH_OVERRIDE = None
+    store_triton._OP_PLANS.clear()
     torch.cuda.synchronize()
     # slots written by both paths: the first token, the chunk after it, the decode token
     written = [(0, 1 + args.chunk), (args.position, args.position + 1)]
@@ -159,8 +170,13 @@ def run_format(spec: str, args) -> list[dict]:
         for x, y in zip(sf.k.parts() + sf.v.parts(), st.k.parts() + st.v.parts())
         for lo, hi in written
     )
-    for r in rows:
-        r["identical"] = same
+    for r in rows:  # every fused variant wrote the same bytes as the torch path
+        r["identical"] = same and all(
+            torch.equal(_bytes(x[:, :, lo:hi]), _bytes(y[:, :, lo:hi]))
+            for p in args.launches
+            for sf, st in zip(stores[p], stores["torch"])
+            for x, y in zip(sf.k.parts() + sf.v.parts(), st.k.parts() + st.v.parts())
+            for lo, hi in written)
     return rows
 
 

@@ -146,11 +146,14 @@ def test_kernel_matches_torch_quantize(case):
             assert bool((rest == POISON).all()), f"{part} {name}: a slot outside the chunk written"
 
 
-def test_random_shapes_positions_and_ring_slots():
+@pytest.mark.parametrize("launch", [None, (1, 1), (2, 2)], ids=["heuristic", "r1w1", "r2w2"])
+def test_random_shapes_positions_and_ring_slots(launch, monkeypatch):
     """Fresh random configurations: head dims 32..256, every group that divides them, mixed
-    K/V formats, model dtypes, host or device positions, with and without a ring."""
+    K/V formats, model dtypes, host or device positions, with and without a ring; also
+    under the launch overrides benchmarks/quantize.py times (rows per program, warps)."""
+    monkeypatch.setattr(store_triton, "LAUNCH_OVERRIDE", launch)
     rng = random.Random(2024)
-    for trial in range(24):
+    for trial in range(24 if launch is None else 8):
         d = rng.choice([32, 48, 64, 80, 96, 112, 128, 160, 192, 256])
         groups = [g for g in (16, 32, 64, 128, 256) if d % g == 0]
         names = ["fp16", "bf16", "fp32", "fp8"] + [f"int{n}-g{g}" for n in (4, 8) for g in groups]

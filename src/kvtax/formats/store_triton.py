@@ -33,6 +33,9 @@ from kvtax.formats.rotation import rotate
 from kvtax.formats.spec import KVSpec
 
 MAX_HEAD_DIM = 1024  # one row is one tile
+# Launch override for benchmarks/quantize.py's variants: (rows per program, warps) or None
+# for the heuristic in `_plan`. Plans are cached per layout: clear `_OP_PLANS` after a change.
+LAUNCH_OVERRIDE: tuple[int, int] | None = None
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
@@ -242,6 +245,14 @@ def _plan(
     rows = b * h * t
     budget = 16384 if _interpreting() else 2048  # elements per program; fewer in the interpreter
     block_r = max(1, min(triton.next_power_of_2(rows), budget // d_p))
+    warps = 4
+    if rows <= 64 and (kf[0] != 0 or vf[0] != 0) and not _interpreting():
+        # a decode step's few quantized rows: one row per one-warp program (group min/max
+        # by warp shuffles, no shared memory): H200, 32 layers of one int8 token each,
+        # 0.063 vs 0.172 ms per step (benchmarks/quantize.py --launches, session 7)
+        block_r, warps = 1, 1
+    if LAUNCH_OVERRIDE is not None:
+        block_r, warps = LAUNCH_OVERRIDE
     sides = []
     for x, dst, (_, gs, div) in ((k, k_dst, kf), (v, v_dst, vf)):
         m_strides = dst.scales.stride()[:3] if dst.scales is not None else (0, 0, 0)
@@ -255,7 +266,7 @@ def _plan(
         V_NG_P=triton.next_power_of_2(d // vf[1]) if vf[1] else 1,
         POS_FROM_PTR=from_ptr, IS_RING=ring > 0, RECIP=recip,
         BLOCK_R=block_r, D_P=d_p, HALF_P=triton.next_power_of_2(max(d // 2, 1)),
-        num_warps=4, enable_fp_fusion=False,  # no FMA contraction: torch rounds each op
+        num_warps=warps, enable_fp_fusion=False,  # no FMA contraction: torch rounds each op
     )
     return _Plan((triton.cdiv(rows, block_r), 2), (sinks, ring, rows, t, h), tuple(sides),
                  consts, from_ptr)
