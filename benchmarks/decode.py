@@ -68,6 +68,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also profile N eager decode steps per cell: GPU kernel time per "
                         "step by kind (GEMM, attention, cache store, norm, other) and the "
                         "launch count, to see where the time over the roofline goes")
+    p.add_argument("--gemv", choices=["torch", "triton"], default="triton",
+                   help="decode linear layers: triton (kvtax's fused GEMVs: norm + qkv, wo + "
+                        "residual, norm + gate/up + SiLU, w2 + residual, norm + lm_head; the "
+                        "runner's default on CUDA) or torch (F.linear + separate norms/adds)")
     p.add_argument("--out", type=Path, default=None, help="write rows + run metadata as JSON")
     return p.parse_args(argv)
 
@@ -97,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         for kv, compiled in ((kv, c) for kv in formats for c in compiles):
             row = {"config": cfg.name, "context": ctx, "kv": kv, "batch": args.batch,
                    "dtype": str(dtype), "device": _device_name(dev),
-                   "weight_bytes": weight_bytes, "read_bw_Bps": bw, "compiled": compiled}
+                   "weight_bytes": weight_bytes, "read_bw_Bps": bw, "compiled": compiled,
+                   "gemv": args.gemv}
             try:
                 row.update(run_cell(model, kv, ctx, args, compiled))
                 total = weight_bytes + row["kv_bytes"]
@@ -127,6 +132,7 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
     if compiled:
         torch._dynamo.reset()  # a fresh trace per cell: new caches, no recompile limit hit
     runner = Runner(model, kv=kv, cuda_graph=False if args.no_cuda_graph else None,
+                    fused_gemv=args.gemv == "triton",
                     compile=compiled)
     caches = runner.make_caches(capacity=ctx + args.warmup + args.tokens + args.profile + 2)
     if dev.type == "cuda":
@@ -158,6 +164,7 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
 
 # kernel name → kind, first match wins (cuBLAS/CUTLASS GEMV-GEMM names vary by version)
 _KINDS = (
+    ("gemm", ("_gemv_",)),  # kvtax's fused GEMV; its split-K reduce is no attention reduce
     ("attention", ("_decode_", "_prefill_attn", "_reduce_kernel")),
     ("store", ("_quantize_store", "_store_")),
     ("gemm", ("gemv", "gemm", "cutlass", "xmma", "sm90_", "cublas", "splitk", "matmul")),
@@ -299,7 +306,8 @@ def markdown_table(rows: list[dict]) -> str:
             f"| {r['context']} | {r['kv']} | {r['ms_median']:.3f} ({r['ms_p20']:.3f}-"
             f"{r['ms_p80']:.3f}) | {r['roofline_ms']:.3f} | {100 * r['roofline_fraction']:.0f}% | "
             f"{r['kv_bytes'] / 2**20:.1f} | {'yes' if r['cuda_graph'] else 'no'}"
-            f"{' (compiled)' if r.get('compiled') else ''} |"
+            f"{' (compiled)' if r.get('compiled') else ''}"
+            f"{' (triton gemv)' if r.get('gemv') == 'triton' else ''} |"
         )
     return "\n".join(lines)
 
@@ -307,7 +315,8 @@ def markdown_table(rows: list[dict]) -> str:
 def _row_line(r: dict) -> str:
     if "error" in r:
         return f"ctx {r['context']:>7} {r['kv']:>6}: {r['error']}"
-    line = (f"ctx {r['context']:>7} {r['kv']:>6}{' compiled' if r.get('compiled') else ''}: "
+    line = (f"ctx {r['context']:>7} {r['kv']:>6}{' compiled' if r.get('compiled') else ''}"
+            f"{' gemv=triton' if r.get('gemv') == 'triton' else ''}: "
             f"{r['ms_median']:.3f} ms/token, roofline "
             f"{r['roofline_ms']:.3f} ms ({100 * r['roofline_fraction']:.0f}%)")
     if "kernel_ms_per_step" in r:

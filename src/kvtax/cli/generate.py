@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling and random-weight seed")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens")
     p.add_argument("--no-cuda-graph", action="store_true", help="eager decode on CUDA")
+    p.add_argument("--no-fused-gemv", action="store_true",
+                   help="decode linear layers with torch (F.linear + separate norms) instead "
+                        "of kvtax's fused Triton GEMVs (the default on CUDA where they apply)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the CUDA-graph decode step (fewer, fused kernels; "
                         "a one-time compile before the first decode step)")
@@ -67,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     runner = Runner(
         model, kv=args.kv, sliding_kv=args.sliding_kv, chunk_size=args.chunk_size,
         cuda_graph=False if args.no_cuda_graph else None, compile=args.compile,
+        fused_gemv=False if args.no_fused_gemv else None,
     )
     stream = _Streamer(tok)
     sys.stdout.write(prompt)

@@ -6,6 +6,11 @@ scale and GELU-tanh MLP (Gemma), attention and final-logit soft-capping (Gemma 2
 sliding-window layers with their own RoPE base (Gemma 3). Attention always goes through
 the layer's kvtax cache: `cache.append(k, v)` then `attention(q, cache.view())`, so the
 quantized cache is read as stored, never dequantized into a copy.
+
+Opt-in (`DecoderModel.set_fused_gemv(True)`, off by default): decode-sized steps (B·T <= 4
+rows) run each linear layer as kvtax's Triton GEMV with its neighbours fused
+(`kvtax.models.gemv`): attn_norm + wqkv, wo + residual, ffn_norm + w13 + SiLU·up,
+w2 + residual, final norm + lm_head. Other steps (prefill) take the torch path.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from torch import nn
 
 from kvtax.attention import attention
 from kvtax.cache import BaseCache
+from kvtax.errors import OptionError
 from kvtax.models.config import ModelConfig
 from kvtax.models.rope import apply_rope, inv_frequencies, rope_cos_sin
 
@@ -71,10 +77,21 @@ class Attention(nn.Module):
         length_t: torch.Tensor | None,
     ) -> torch.Tensor:
         """x `[B, T, hidden]` → `[B, T, hidden]`; writes this chunk's K/V into `cache`."""
-        b, t, _ = x.shape
+        return self.wo(self.attend(self.wqkv(x), cos, sin, cache, write_pos, length_t))
+
+    def attend(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: BaseCache,
+        write_pos: torch.Tensor | None,
+        length_t: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Projected qkv `[B, T, (Hq + 2 Hkv) D]` → attention output `[B, T, Hq D]` (before wo)."""
+        b, t, _ = qkv.shape
         cfg = self.cfg
         hd, hq, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-        qkv = self.wqkv(x)
         if cfg.qk_norm:
             q, k, v = qkv.split(self.sizes, dim=-1)
             q, k = self.q_norm(q.view(b, t, hq, hd)), self.k_norm(k.view(b, t, hkv, hd))
@@ -95,7 +112,7 @@ class Attention(nn.Module):
             cache.write_at(k, v, write_pos)
             view = dataclasses.replace(cache.view(), length=cache.length + t, length_t=length_t)
         out = self.attn_fn(q, view, scale=cfg.scale, softcap=cfg.attn_softcap)  # [B, Hq, T, D]
-        return self.wo(out.transpose(1, 2).reshape(b, t, -1))
+        return out.transpose(1, 2).reshape(b, t, -1)
 
 
 class MLP(nn.Module):
@@ -116,6 +133,8 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block; Gemma adds post-norms on both branches (sandwich)."""
 
+    fused_gemv = False  # set through DecoderModel.set_fused_gemv
+
     def __init__(self, cfg: ModelConfig, window: int | None) -> None:
         super().__init__()
         eps, off = cfg.rms_norm_eps, bool(cfg.norm_offset)
@@ -129,10 +148,45 @@ class Block(nn.Module):
             self.post_ffn_norm = RMSNorm(cfg.hidden_size, eps, off)
 
     def forward(self, x, cos, sin, cache, write_pos, length_t):  # noqa: ANN001, ANN201
+        if self.fused_gemv:
+            gm = _gemv_api()
+            if gm.unsupported_reason(x, self.attn.wqkv.weight) is None:
+                return self._forward_gemv(gm, x, cos, sin, cache, write_pos, length_t)
         h = self.attn(self.attn_norm(x), cos, sin, cache, write_pos, length_t)
         x = x + (self.post_attn_norm(h) if self.sandwich else h)
         h = self.mlp(self.ffn_norm(x))
         return x + (self.post_ffn_norm(h) if self.sandwich else h)
+
+    def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t):  # noqa: ANN001, ANN202
+        """The decode step as four fused GEMVs (see `gemv_blocker` for the layers it takes)."""
+        attn, mlp = self.attn, self.mlp
+        qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=self.attn_norm.weight,
+                      eps=self.attn_norm.eps)
+        a = attn.attend(qkv, cos, sin, cache, write_pos, length_t)
+        x = gm.gemv(a, attn.wo.weight, residual=x)
+        h = gm.gemv(x, mlp.w13.weight, norm_weight=self.ffn_norm.weight, eps=self.ffn_norm.eps,
+                    silu_mul=True)
+        return gm.gemv(h, mlp.w2.weight, residual=x)
+
+
+def _gemv_api():  # noqa: ANN202
+    """kvtax.models.gemv, imported on first use (it needs Triton, an optional dependency)."""
+    from kvtax.models import gemv
+
+    return gemv
+
+
+def gemv_blocker(cfg: ModelConfig) -> str | None:
+    """Why this architecture cannot take the fused-GEMV decode path, or None."""
+    if cfg.qkv_bias:
+        return "qkv bias (the GEMV has no bias epilogue)"
+    if cfg.norm_offset:
+        return "(1 + w) RMSNorm"
+    if cfg.sandwich_norm:
+        return "sandwich norms"
+    if cfg.hidden_act != "silu":
+        return f"{cfg.hidden_act} MLP (the epilogue is SiLU)"
+    return None
 
 
 class DecoderModel(nn.Module):
@@ -173,6 +227,21 @@ class DecoderModel(nn.Module):
         local_theta = cfg.rope_local_theta or cfg.rope_theta
         self.inv_freq_local = inv_frequencies(cfg.head_dim, local_theta).to(dev)
 
+    fused_gemv = False  # see set_fused_gemv
+
+    def set_fused_gemv(self, on: bool = True) -> None:
+        """Route decode-sized steps (B·T <= 4 rows, CUDA, fp16/bf16/fp32) through the fused
+        Triton GEMVs (on), or back to the torch path (off, the default). Raises OptionError
+        for architectures the fusions do not cover (`gemv_blocker`)."""
+        reason = gemv_blocker(self.config) if on else None
+        if reason is not None:
+            raise OptionError(f"fused GEMV decode does not support {self.config.name}: {reason}")
+        if on:
+            _gemv_api()  # fail here, not mid-forward, when Triton is missing
+        self.fused_gemv = bool(on)
+        for layer in self.layers:
+            layer.fused_gemv = bool(on)
+
     @property
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.config.tie_word_embeddings else self.lm_head.weight
@@ -208,7 +277,11 @@ class DecoderModel(nn.Module):
             x = layer(x, cos, sin, cache, write_pos, length_t)
         if last_only:
             x = x[:, -1:]
-        logits = F.linear(self.norm(x), self.head_weight)
+        gm = _gemv_api() if self.fused_gemv else None
+        if gm is not None and gm.unsupported_reason(x, self.head_weight) is None:
+            logits = gm.gemv(x, self.head_weight, norm_weight=self.norm.weight, eps=self.norm.eps)
+        else:
+            logits = F.linear(self.norm(x), self.head_weight)
         if cfg.final_softcap:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         return logits

@@ -31,7 +31,7 @@ from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.errors import CapacityError, OptionError
 from kvtax.formats import KVSpec, default_kv
 from kvtax.formats.spec import centering_conflict
-from kvtax.models.decoder import DecoderModel
+from kvtax.models.decoder import DecoderModel, gemv_blocker
 from kvtax.models.sampling import sample
 
 
@@ -72,6 +72,10 @@ class Runner:
     compile:    torch.compile the captured decode step (True: inductor, or a backend
                 name) so norms, RoPE, residual adds and activations fuse into fewer
                 kernels before the graph is captured; CUDA-graph decode only.
+    fused_gemv: decode steps' linear layers as kvtax's Triton GEMVs with the norms,
+                SiLU·up and residual adds fused (`DecoderModel.set_fused_gemv`, which
+                this sets on the model). None → on for CUDA models whose architecture
+                they cover (`gemv_blocker`), True forces (OptionError where not), False off.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class Runner:
         cuda_graph: bool | None = None,
         overrides: dict[int, str | KVSpec] | None = None,
         compile: bool | str = False,
+        fused_gemv: bool | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -107,6 +112,17 @@ class Runner:
             raise OptionError("compile compiles the CUDA-graph decode step: it needs a model "
                               "on a CUDA device with CUDA-graph decode on")
         self.compile = compile
+        if fused_gemv is None:
+            fused_gemv = is_cuda and gemv_blocker(model.config) is None
+        elif fused_gemv:
+            model.set_fused_gemv(True)  # OptionError first for architectures it does not cover
+            from kvtax.models.gemv import runs_on  # needs Triton: imported when asked for
+
+            if not runs_on(self.device):
+                raise OptionError("fused_gemv=True needs a model on a CUDA device (or the "
+                                  "Triton interpreter)")
+        model.set_fused_gemv(fused_gemv)  # OptionError for architectures it does not cover
+        self.fused_gemv = fused_gemv
         self.graph_disabled_reason: str | None = None
         self._graph: _DecodeGraph | None = None
         self._blocked: tuple | None = None

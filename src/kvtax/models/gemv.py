@@ -1,0 +1,317 @@
+"""Decode GEMV with fused neighbours: RMSNorm prologue, SiLU(gate)·up and residual epilogues.
+
+    >>> from kvtax.models.gemv import gemv, gemv_reference, unsupported_reason
+    >>> y = gemv(x, w)                                        # x [M, K] (M <= 4), w [N, K]
+    >>> y = gemv(x, wqkv, norm_weight=attn_norm.weight)       # F.linear(rms_norm(x), wqkv)
+    >>> y = gemv(x, w13, norm_weight=g, silu_mul=True)        # silu(gate) * up, [M, N / 2]
+    >>> y = gemv(a, wo, residual=h)                           # h + F.linear(a, wo)
+
+The kernels (`kernels/gemv.py`) read W once as a streaming read and accumulate in fp32;
+the math is `gemv_reference`'s. On CPU the kernel runs only when Triton's interpreter
+built it (`TRITON_INTERPRET=1` when this module was first imported; how the tests run
+it): `unsupported_reason` says so, and callers fall back to the torch path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from kvtax.errors import OptionError, ShapeError
+from kvtax.models.kernels.gemv import _gemv_kernel, _gemv_reduce_kernel
+
+MAX_ROWS = 4  # decode batch; the kernel keeps one fp32 tile per input row in registers
+MAX_SPLIT_K = 16
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+H200_SMS = 132  # the default's target when no CUDA device is visible (interpreter, meta)
+POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvConfig:
+    """Launch of `gemv`: W tile `[block_n, block_k]` per loop step, `split_k` programs per
+    block of `block_n` rows (each a contiguous K slice), Triton's num_warps / num_stages.
+    block_n and block_k are powers of two."""
+
+    block_n: int = 16
+    block_k: int = 512
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise OptionError(f"GemvConfig.{name}={v} must be a power of two")
+        if not 1 <= self.split_k <= MAX_SPLIT_K:
+            raise OptionError(f"GemvConfig.split_k={self.split_k} must be in 1..{MAX_SPLIT_K}")
+        if self.num_stages < 1:
+            raise OptionError(f"GemvConfig.num_stages={self.num_stages} must be >= 1")
+
+    @property
+    def tag(self) -> str:
+        return (f"n{self.block_n}-k{self.block_k}-s{self.split_k}-w{self.num_warps}"
+                f"-st{self.num_stages}")
+
+
+@lru_cache(maxsize=256)
+def default_config(
+    n: int, k: int, *, rows: int = 1, silu_mul: bool = False, elem_bytes: int = 2,
+    num_sms: int = H200_SMS,
+) -> GemvConfig:
+    """The heuristic launch for output width `n` (SILU_MUL: n = intermediate size) and `k`.
+
+    A loop step reads 1 KiB of each W row (512 bf16: one 16-byte load per thread across a
+    warp, twice) and block_n <= 8 rows, fewer where the fp32 tiles (rows x (2 with
+    SILU_MUL)) would pass ~32 registers per thread. Split-K only where the row blocks
+    would not give every SM a program: on the H200 every Llama-3.1-8B decode shape ran
+    fastest unsplit with 8-row blocks or within 0.4 us of it (benchmarks/gemv.py --sweep,
+    session 7: o 15.9 vs 18.1 us split 4, down 36.1 vs 38.4, qkv 19.1 vs 21.8 split 2),
+    and a split costs a second launch in the model (0.145 ms per token for 96).
+    """
+    num_warps = 4
+    block_k = min(1024 // elem_bytes, triton.next_power_of_2(k))
+    tiles = rows * (2 if silu_mul else 1)
+    budget = 32 * 32 * num_warps  # fp32 accumulator elements per program
+    block_n = max(1, min(budget // (block_k * tiles), triton.next_power_of_2(n), 8))
+    block_n = 1 << int(math.log2(block_n))
+    blocks = triton.cdiv(n, block_n)
+    split_k = 1
+    max_split = min(MAX_SPLIT_K, triton.cdiv(k, block_k))
+    while blocks * split_k < num_sms and split_k * 2 <= max_split:
+        split_k *= 2
+    return GemvConfig(block_n, block_k, split_k, num_warps, 1)
+
+
+def _interpreting() -> bool:
+    """True when Triton's interpreter built the kernel (then it also runs on CPU tensors)."""
+    return type(_gemv_kernel).__name__ == "InterpretedFunction"
+
+
+def runs_on(device: torch.device) -> bool:
+    """Whether the kernels can run on tensors of `device` (CUDA, or CPU when interpreted)."""
+    return device.type == "cuda" or _interpreting()
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H200_SMS
+
+
+def _out_shape(x: torch.Tensor, w: torch.Tensor, silu_mul: bool) -> tuple[int, ...]:
+    return (*x.shape[:-1], w.shape[0] // 2 if silu_mul else w.shape[0])
+
+
+def unsupported_reason(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    silu_mul: bool = False,
+    out: torch.Tensor | None = None,
+) -> str | None:
+    """None when `gemv` can serve this call, else why not. Arguments as for `gemv`."""
+    if not (x.is_cuda or _interpreting()):
+        return "tensors are not on a CUDA device (on CPU the kernel runs only interpreted)"
+    if x.dtype not in DTYPES or w.dtype != x.dtype:
+        return f"x and w must share a float16/bfloat16/float32 dtype (got {x.dtype}, {w.dtype})"
+    if x.dim() < 1 or w.dim() != 2:
+        return f"x {tuple(x.shape)} must be [..., K] and w {tuple(w.shape)} [N, K]"
+    k = x.shape[-1]
+    if w.shape[1] != k or k == 0:
+        return f"x {tuple(x.shape)} and w {tuple(w.shape)} disagree on K (or K is 0)"
+    if w.stride(1) != 1 or w.stride(0) < k:
+        return f"w must have contiguous rows (strides {w.stride()})"
+    rows = x.numel() // k
+    if not 1 <= rows <= MAX_ROWS:
+        return f"{rows} input rows (the kernel takes 1..{MAX_ROWS}: decode batches)"
+    if silu_mul and w.shape[0] % 2:
+        return f"silu_mul needs gate and up halves: w has an odd row count {w.shape[0]}"
+    if w.shape[0] == 0:
+        return "w has no rows"
+    shape = _out_shape(x, w, silu_mul)
+    n = shape[-1]
+    tensors = [w]
+    if norm_weight is not None:
+        if norm_weight.shape != (k,) or norm_weight.dtype not in DTYPES:
+            return (f"norm_weight must be a float [{k}] vector (got {tuple(norm_weight.shape)}, "
+                    f"{norm_weight.dtype})")
+        tensors.append(norm_weight)
+    if residual is not None:
+        if residual.shape not in (shape, (rows, n)) or residual.dtype != x.dtype:
+            return (f"residual {tuple(residual.shape)} {residual.dtype} must be {shape} "
+                    f"{x.dtype}")
+        tensors.append(residual)
+    if out is not None:
+        if out.shape not in (shape, (rows, n)) or out.dtype != x.dtype:
+            return f"out {tuple(out.shape)} {out.dtype} must be {shape} {x.dtype}"
+        if not out.is_contiguous():
+            return "out must be contiguous"
+        tensors.append(out)
+    if any(t.device != x.device for t in tensors):
+        return "all tensors must be on x's device"
+    return None
+
+
+def gemv_reference(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    norm_offset: bool = False,
+    residual: torch.Tensor | None = None,
+    silu_mul: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """What `gemv` computes, in float32 torch; the result cast to `out_dtype` (x's dtype).
+
+    xn = x · rsqrt(mean(x²) + eps) · g (g = norm_weight, or 1 + g with norm_offset; no
+    norm without it); y = xn @ w.T; with silu_mul y = silu(y[..., :N/2]) · y[..., N/2:];
+    y += residual. Any leading shape of x; no rounding between the steps.
+    """
+    h = x.float()
+    if norm_weight is not None:
+        g = norm_weight.float() + (1.0 if norm_offset else 0.0)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * g
+    y = F.linear(h, w.float())
+    if silu_mul:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    if residual is not None:
+        y = y + residual.float().reshape(y.shape)
+    return y.to(out_dtype or x.dtype)
+
+
+def gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    norm_offset: bool = False,
+    residual: torch.Tensor | None = None,
+    silu_mul: bool = False,
+    config: GemvConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y = [residual +] act(rmsnorm(x) @ w.T) for decode-sized x, in one or two launches.
+
+    x: `[..., K]` with M = x.numel() / K <= 4 rows (`[M, K]` or `[B, 1, K]`), fp16 / bf16 /
+    fp32. w: `[N, K]` in x's dtype, rows contiguous (an nn.Linear weight). norm_weight:
+    `[K]` (any float dtype) fuses RMSNorm of x (eps; norm_offset: Gemma's 1 + g) before
+    the product. silu_mul: w's rows are gate `[0, N/2)` then up `[N/2, N)`; the output is
+    silu(gate) · up, `[..., N/2]`. residual: the output's shape and dtype, added last (it may
+    alias `out`). Returns `[..., N]` (or `[..., N/2]`) in x's dtype, written into `out` if
+    given. fp32 accumulation; see `gemv_reference` for the exact math. config: a
+    GemvConfig (default: `default_config`). Raises ShapeError for tensors the kernel
+    cannot take (`unsupported_reason`).
+
+    Example:
+        h = gemv(x, wo, residual=x)          # x + x @ wo.T, x [1, 4096], wo [4096, 4096]
+    """
+    if eps <= 0 or not math.isfinite(eps):
+        raise OptionError(f"eps must be a positive finite number (got {eps})")
+    reason = unsupported_reason(x, w, norm_weight=norm_weight, residual=residual,
+                                silu_mul=silu_mul, out=out)
+    if reason is not None:
+        raise ShapeError(f"gemv cannot run: {reason}")
+    cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
+                                       config.num_warps, config.num_stages)
+    if torch.compiler.is_compiling():
+        y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, residual, silu_mul, cfg)
+        if out is None:
+            return y
+        return out.copy_(y.view(out.shape))
+    return _gemv(x, w, norm_weight, eps, norm_offset, residual, silu_mul, config, out)
+
+
+def _gemv(
+    x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
+    norm_offset: bool, residual: torch.Tensor | None, silu_mul: bool,
+    config: GemvConfig | None, out: torch.Tensor | None,
+) -> torch.Tensor:
+    """The launch (inputs already checked)."""
+    shape = _out_shape(x, w, silu_mul)
+    k, n = x.shape[-1], shape[-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    if out is None:
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    y2 = out.view(rows, n)
+    r2 = y2
+    if residual is not None:
+        r2 = residual.reshape(rows, n)
+        if r2.stride(-1) != 1:
+            r2 = r2.contiguous()
+    cfg = config or default_config(n, k, rows=rows, silu_mul=silu_mul,
+                                   elem_bytes=w.element_size(), num_sms=_num_sms(x.device))
+    # K_PER: each split's K range, whole BLOCK_K steps; splits that would be empty are dropped
+    k_per = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    splits = triton.cdiv(k, k_per)
+    split = splits > 1
+    n_rows = w.shape[0] if split else n  # with split-K the main kernel sees gate/up as rows
+    g = norm_weight.contiguous() if norm_weight is not None else x2
+    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split:
+        alloc = _nan_filled if POISON_WORKSPACE else torch.empty
+        ws = alloc((splits, rows, n_rows), dtype=torch.float32, device=x.device)
+        ss = alloc((splits, rows), dtype=torch.float32, device=x.device)
+    else:
+        ws = ss = y2  # placeholders, never touched
+    _gemv_kernel[(triton.cdiv(n_rows, cfg.block_n), splits)](
+        x2, w, g, r2, y2, ws, ss,
+        n_rows, k, k_per, x2.stride(0), w.stride(0), r2.stride(0), y2.stride(0), float(eps),
+        ROWS=rows, NORM=norm_weight is not None, OFFSET=norm_offset,
+        RESIDUAL=residual is not None and not split, SILU_MUL=silu_mul and not split,
+        SPLIT=split, EVEN_K=k % k_per == 0 and k_per % cfg.block_k == 0,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **opts,
+    )
+    if split:
+        block = min(1024, triton.next_power_of_2(n))
+        _gemv_reduce_kernel[(triton.cdiv(n, block), rows)](
+            ws, ss, r2, y2, n, n_rows, k, splits, r2.stride(0), y2.stride(0), float(eps),
+            ROWS=rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
+            SILU_MUL=silu_mul, SPLITS_P=triton.next_power_of_2(splits), BLOCK_N=block,
+            num_warps=4,
+        )
+    return out
+
+
+def _nan_filled(shape: tuple[int, ...], **kw) -> torch.Tensor:  # noqa: ANN003
+    return torch.full(shape, float("nan"), **kw)
+
+
+# torch.compile sees gemv as one opaque op (as formats/store_triton.py does for the cache
+# store: Inductor re-specializes user Triton kernels it traces). Functional: it returns a
+# new tensor, so no aliasing annotations; the fake implementation gives the output shape.
+_LIB = torch.library.Library("kvtax", "FRAGMENT")
+_LIB.define(
+    "gemv(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool norm_offset, "
+    "Tensor? residual, bool silu_mul, int[]? config) -> Tensor"
+)
+
+
+def _gemv_body(x, w, norm_weight, eps, norm_offset, residual, silu_mul, config):  # noqa: ANN001, ANN202
+    cfg = GemvConfig(*config) if config is not None else None
+    return _gemv(x, w, norm_weight, eps, norm_offset, residual, silu_mul, cfg, None)
+
+
+def _gemv_fake(x, w, norm_weight, eps, norm_offset, residual, silu_mul, config):  # noqa: ANN001, ANN202
+    return x.new_empty(_out_shape(x, w, silu_mul))
+
+
+for _key in ("CPU", "CUDA"):  # CPU: Triton's interpreter (tests)
+    _LIB.impl("gemv", _gemv_body, _key)
+torch.library.register_fake("kvtax::gemv", _gemv_fake, lib=_LIB)
+_gemv_op = torch.ops.kvtax.gemv.default

@@ -1,0 +1,188 @@
+"""Batch-1 decode GEMV kernels: y[m, n] = sum_k xn[m, k] · W[n, k], W read once, streaming.
+
+Bytes and FLOPs: one call reads N·K weight elements once (Llama-3.1-8B bf16: 15.0 GB per
+token over all layers) and does 2·M·N·K FLOPs, M <= 4: pure bandwidth. Each program
+owns BLOCK_N rows of W and one K slice (split-K); it accumulates `w · x` into a
+`[BLOCK_N, BLOCK_K]` fp32 tile per input row and reduces over K once, after the loop,
+so the loop body is wide 16-byte loads and FMAs only.
+
+Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
+sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
+so no program reads x twice. RESIDUAL and SILU_MUL are epilogues. With split-K the main
+kernel writes fp32 partial sums (and partial sums of x² for NORM) to a workspace, and
+`_gemv_reduce_kernel` adds them in a fixed order and applies the epilogues.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _load_x(p_x, o_k, m_k, b_g, ss, NORM: tl.constexpr, EVEN_K: tl.constexpr):
+    """One input row's K chunk in fp32 times the norm weight; adds its squares to `ss`."""
+    if EVEN_K:
+        b_x = tl.load(p_x + o_k, eviction_policy="evict_last").to(tl.float32)  # [BLOCK_K]
+    else:
+        b_x = tl.load(p_x + o_k, mask=m_k, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    if NORM:
+        ss += b_x * b_x
+        b_x = b_x * b_g
+    return b_x, ss
+
+
+@triton.jit
+def _finish_row(
+    acc, acc_u, ss, row, pid_n, pid_s, o_n, m_n, R, Y, WS, SS,
+    N, K, stride_rm, stride_ym, eps,
+    ROWS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+    SILU_MUL: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """Reduce one row's tiles over K, then store a partial (SPLIT) or the finished output."""
+    y = tl.sum(acc, 1)  # [BLOCK_N]
+    if SPLIT:
+        ws_row = (pid_s * ROWS + row).to(tl.int64) * N
+        tl.store(WS + ws_row + o_n, y, mask=m_n)
+        if NORM:  # every N block computes the same x² sum; block 0 writes it
+            tl.store(SS + pid_s * ROWS + row, tl.sum(ss, 0), mask=pid_n == 0)
+    else:
+        u = tl.sum(acc_u, 1) if SILU_MUL else y
+        _epilogue(y, u, tl.sum(ss, 0), row, o_n, m_n, R, Y, K, stride_rm, stride_ym, eps,
+                  NORM, RESIDUAL, SILU_MUL)
+
+
+@triton.jit
+def _epilogue(y, u, ss, row, o_n, m_n, R, Y, K, stride_rm, stride_ym, eps,
+              NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr):
+    """Finish one row's `[BLOCK_N]` sums and store them: y (and u, the up rows' sums, under
+    SILU_MUL) times rsqrt(ss / K + eps) (NORM; ss the row's sum of x²), silu(y) · u, plus
+    the residual row."""
+    if NORM:
+        rstd = tl.rsqrt(ss / K + eps)
+        y = y * rstd
+        u = u * rstd
+    if SILU_MUL:
+        y = y * tl.sigmoid(y) * u
+    if RESIDUAL:
+        y += tl.load(R + row * stride_rm + o_n, mask=m_n, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_ym + o_n, y.to(Y.dtype.element_ty), mask=m_n)
+
+
+@triton.jit
+def _gemv_kernel(
+    X, W, G, R, Y, WS, SS,
+    N, K, K_PER, stride_xm, stride_wn, stride_rm, stride_ym, eps,
+    ROWS: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, RESIDUAL: tl.constexpr,
+    SILU_MUL: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
+    G `[K]` norm weight, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32, SS `[splits, ROWS]`.
+
+    N counts output columns (SILU_MUL: gate rows [0, N), up rows [N, 2N) of W). Each split
+    covers K_PER columns of K (a multiple of BLOCK_K). Rows of W past N are clamped to
+    row N - 1 (read, never stored) so the W loads need no row mask.
+    """
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    m_n = o_n < N
+    o_w = tl.minimum(o_n, N - 1).to(tl.int64)
+    p_w = W + o_w[:, None] * stride_wn  # [BLOCK_N, 1]
+    p_u = W + (o_w + N)[:, None] * stride_wn  # up rows (SILU_MUL only)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    up0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    up1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    up2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    up3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    ss0 = tl.zeros([BLOCK_K], dtype=tl.float32)
+    ss1 = tl.zeros([BLOCK_K], dtype=tl.float32)
+    ss2 = tl.zeros([BLOCK_K], dtype=tl.float32)
+    ss3 = tl.zeros([BLOCK_K], dtype=tl.float32)
+    b_g = tl.zeros([BLOCK_K], dtype=tl.float32)
+    b_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    k_start = pid_s * K_PER
+    for k0 in range(k_start, k_start + K_PER, BLOCK_K):
+        o_k = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
+        m_k = o_k < K
+        if EVEN_K:
+            b_w = tl.load(p_w + o_k[None, :], eviction_policy="evict_first").to(tl.float32)
+            if SILU_MUL:
+                b_u = tl.load(p_u + o_k[None, :], eviction_policy="evict_first").to(tl.float32)
+            if NORM:
+                b_g = tl.load(G + o_k).to(tl.float32)
+        else:
+            b_w = tl.load(p_w + o_k[None, :], mask=m_k[None, :], other=0.0,
+                          eviction_policy="evict_first").to(tl.float32)  # [BLOCK_N, BLOCK_K]
+            if SILU_MUL:
+                b_u = tl.load(p_u + o_k[None, :], mask=m_k[None, :], other=0.0,
+                              eviction_policy="evict_first").to(tl.float32)
+            if NORM:
+                b_g = tl.load(G + o_k, mask=m_k, other=0.0).to(tl.float32)
+        if OFFSET:
+            b_g = b_g + 1.0
+        b_x, ss0 = _load_x(X, o_k, m_k, b_g, ss0, NORM, EVEN_K)
+        acc0 += b_w * b_x[None, :]
+        if SILU_MUL:
+            up0 += b_u * b_x[None, :]
+        if ROWS > 1:
+            b_x, ss1 = _load_x(X + stride_xm, o_k, m_k, b_g, ss1, NORM, EVEN_K)
+            acc1 += b_w * b_x[None, :]
+            if SILU_MUL:
+                up1 += b_u * b_x[None, :]
+        if ROWS > 2:
+            b_x, ss2 = _load_x(X + 2 * stride_xm, o_k, m_k, b_g, ss2, NORM, EVEN_K)
+            acc2 += b_w * b_x[None, :]
+            if SILU_MUL:
+                up2 += b_u * b_x[None, :]
+        if ROWS > 3:
+            b_x, ss3 = _load_x(X + 3 * stride_xm, o_k, m_k, b_g, ss3, NORM, EVEN_K)
+            acc3 += b_w * b_x[None, :]
+            if SILU_MUL:
+                up3 += b_u * b_x[None, :]
+    _finish_row(acc0, up0, ss0, 0, pid_n, pid_s, o_n, m_n, R, Y, WS, SS, N, K, stride_rm,
+                stride_ym, eps, ROWS, NORM, RESIDUAL, SILU_MUL, SPLIT)
+    if ROWS > 1:
+        _finish_row(acc1, up1, ss1, 1, pid_n, pid_s, o_n, m_n, R, Y, WS, SS, N, K, stride_rm,
+                    stride_ym, eps, ROWS, NORM, RESIDUAL, SILU_MUL, SPLIT)
+    if ROWS > 2:
+        _finish_row(acc2, up2, ss2, 2, pid_n, pid_s, o_n, m_n, R, Y, WS, SS, N, K, stride_rm,
+                    stride_ym, eps, ROWS, NORM, RESIDUAL, SILU_MUL, SPLIT)
+    if ROWS > 3:
+        _finish_row(acc3, up3, ss3, 3, pid_n, pid_s, o_n, m_n, R, Y, WS, SS, N, K, stride_rm,
+                    stride_ym, eps, ROWS, NORM, RESIDUAL, SILU_MUL, SPLIT)
+
+
+@triton.jit
+def _gemv_reduce_kernel(
+    WS, SS, R, Y,
+    N, N_WS, K, SPLITS, stride_rm, stride_ym, eps,
+    ROWS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr,
+    SPLITS_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Grid (cdiv(N, BLOCK_N), ROWS): y[row] = epilogue(sum over splits of WS[s, row]).
+
+    WS `[SPLITS, ROWS, N_WS]` fp32 partials (N_WS = 2N under SILU_MUL: gate then up
+    columns), SS `[SPLITS, ROWS]` partial sums of x² (NORM). Splits are added in order,
+    so the result does not depend on which program finished first.
+    """
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1)
+    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    m_n = o_n < N
+    o_s = tl.arange(0, SPLITS_P)  # [SPLITS_P]
+    m_s = o_s < SPLITS
+    p_ws = WS + (o_s[:, None] * ROWS + row).to(tl.int64) * N_WS + o_n[None, :]
+    # p_ws: [SPLITS_P, BLOCK_N]
+    m_ws = m_s[:, None] & m_n[None, :]
+    y = tl.sum(tl.load(p_ws, mask=m_ws, other=0.0), 0)  # [BLOCK_N]
+    ss = 0.0
+    if NORM:
+        ss = tl.sum(tl.load(SS + o_s * ROWS + row, mask=m_s, other=0.0), 0)
+    u = tl.sum(tl.load(p_ws + N, mask=m_ws, other=0.0), 0) if SILU_MUL else y
+    _epilogue(y, u, ss, row, o_n, m_n, R, Y, K, stride_rm, stride_ym, eps, NORM, RESIDUAL,
+              SILU_MUL)

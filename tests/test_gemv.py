@@ -1,0 +1,215 @@
+"""Decode GEMV kernels (RMSNorm prologue, SiLU·up and residual epilogues, split-K) vs the
+float32 torch reference, small odd shapes (CPU: Triton interpreter).
+
+On a machine without CUDA the kernels are built here with TRITON_INTERPRET=1 (as
+tests/kernels_env.py does for the attention kernels) and run on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests import gemv_env  # noqa: F401  (builds the kernels interpreted on CPU)
+from tests import kernels_env as ke
+from tests.kernels_env import interpret_mode  # noqa: F401 (autouse fixture)
+
+from kvtax.errors import OptionError, ShapeError  # noqa: E402
+from kvtax.models import gemv as gm  # noqa: E402
+from kvtax.models.gemv import GemvConfig, default_config, gemv, gemv_reference  # noqa: E402
+from tests.helpers import assert_close  # noqa: E402
+
+DEVICE = ke.DEVICE
+# (atol as a fraction of the largest |y|, rel RMS) against the float32 reference: the
+# kernel accumulates in fp32 and rounds once at the store, so half an ulp of the output
+# dtype (fp16 2^-11 relative) plus accumulation order bounds the error. bf16: a whole ulp
+# (2^-7 relative), as Triton's interpreter truncates fp32 -> bf16 (the GPU rounds to nearest).
+TOLERANCE = {
+    torch.bfloat16: (2**-7, 8e-3),
+    torch.float16: (2**-10, 1e-3),
+    torch.float32: (1e-5, 1e-5),
+}
+
+
+@pytest.fixture(autouse=True)
+def _poison_workspace(monkeypatch):
+    monkeypatch.setattr(gm, "POISON_WORKSPACE", True)
+
+
+def _inputs(m, n, k, dtype, *, norm=False, residual=False, silu=False, seed=0, lead=None):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*(lead or (m,)), k, generator=gen)
+    w = torch.randn(2 * n if silu else n, k, generator=gen) / k**0.5
+    g = torch.rand(k, generator=gen) + 0.5 if norm else None
+    r = torch.randn(*(lead or (m,)), n, generator=gen) if residual else None
+    cast = lambda t, dt=dtype: None if t is None else t.to(DEVICE, dt)  # noqa: E731
+    return cast(x), cast(w), cast(g, torch.float32 if dtype == torch.float32 else dtype), cast(r)
+
+
+def _check(x, w, *, what, dtype, **kw):
+    n = w.shape[0] // 2 if kw.get("silu_mul") else w.shape[0]
+    out = torch.full((*x.shape[:-1], n), float("nan"), dtype=dtype, device=DEVICE)
+    got = gemv(x, w, out=out, **kw)
+    assert got.data_ptr() == out.data_ptr()
+    kw.pop("config", None)
+    ref = gemv_reference(x, w, out_dtype=torch.float32, **kw)
+    frac, rel = TOLERANCE[dtype]
+    assert_close(got.float(), ref, atol=frac * ref.abs().max().item() + 1e-6, rel_rms=rel,
+                 what=what)
+    return got
+
+
+OPTIONS = {
+    "plain": {}, "norm": dict(norm=True), "res": dict(residual=True), "silu": dict(silu=True),
+    "norm+silu": dict(norm=True, silu=True), "norm+res": dict(norm=True, residual=True),
+    "silu+res": dict(silu=True, residual=True),
+    "all": dict(norm=True, silu=True, residual=True),
+}
+ROWS_DTYPE = [(1, torch.bfloat16), (2, torch.float16), (3, torch.float32)]
+
+
+@pytest.mark.parametrize("split", [1, 3], ids=["split1", "split3"])
+@pytest.mark.parametrize("m,dtype", ROWS_DTYPE, ids=[f"M{m}-{str(d)[6:]}" for m, d in ROWS_DTYPE])
+@pytest.mark.parametrize("opt", list(OPTIONS))
+def test_matches_reference(opt, m, dtype, split):
+    """N=37, K=100 with 8x32 tiles: ragged row blocks (clamped rows) and ragged K (masks);
+    split 3 cuts K into 64+36 (a split with whole and partial steps) and takes the reduce."""
+    o = OPTIONS[opt]
+    x, w, g, r = _inputs(m, 37, 100, dtype, seed=m + split, **o)
+    _check(x, w, norm_weight=g, residual=r, silu_mul=o.get("silu", False),
+           config=GemvConfig(block_n=8, block_k=32, split_k=split), dtype=dtype,
+           what=f"{opt}-M{m}-split{split}")
+
+
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_even_shapes_four_rows(split):
+    """K a multiple of split x block_k: the unmasked (EVEN_K) loads; M=4, every fusion."""
+    x, w, g, r = _inputs(4, 64, 256, torch.bfloat16, norm=True, residual=True, silu=True)
+    _check(x, w, norm_weight=g, residual=r, silu_mul=True, dtype=torch.bfloat16,
+           config=GemvConfig(block_n=16, block_k=64, split_k=split), what=f"even-split{split}")
+
+
+def test_default_config_and_batch_shaped_input():
+    """[B, 1, K] input (the decoder's decode activations) with the heuristic config."""
+    x, w, g, r = _inputs(3, 37, 100, torch.float16, norm=True, residual=True, lead=(3, 1))
+    got = _check(x, w, norm_weight=g, residual=r, dtype=torch.float16, what="default-[3,1,K]")
+    assert got.shape == (3, 1, 37)
+    y = gemv(x[:1, 0], w)  # no out: allocated
+    assert y.shape == (1, 37) and not torch.isnan(y).any()
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_residual_may_alias_out(split):
+    """In-place residual update (h += x @ w.T) as the decoder's residual stream does."""
+    x, w, _, r = _inputs(2, 37, 100, torch.bfloat16, residual=True)
+    want = gemv_reference(x, w, residual=r, out_dtype=torch.float32)
+    h = r.clone()
+    got = gemv(x, w, residual=h, out=h, config=GemvConfig(8, 32, split))
+    assert got.data_ptr() == h.data_ptr()
+    frac, rel = TOLERANCE[torch.bfloat16]
+    assert_close(h.float(), want, atol=frac * want.abs().max().item(), rel_rms=rel,
+                 what="aliased")
+
+
+def test_norm_offset_and_eps():
+    """Gemma's (1 + g) norm weight and a large eps (the eps must reach the rsqrt)."""
+    x, w, g, _ = _inputs(1, 37, 100, torch.float32, norm=True)
+    for split in (1, 4):
+        _check(x, w, norm_weight=g - 1, norm_offset=True, eps=0.5, dtype=torch.float32,
+               config=GemvConfig(8, 32, split), what=f"offset-split{split}")
+
+
+def test_split_k_more_than_steps_drops_empty_splits():
+    """split_k=16 on K=100 with block_k=32 (4 steps): splits that would be empty are
+    dropped; the reduce must not read their (NaN-poisoned) partials."""
+    x, w, g, r = _inputs(2, 37, 100, torch.float32, norm=True, residual=True)
+    _check(x, w, norm_weight=g, residual=r, config=GemvConfig(8, 32, 16), dtype=torch.float32,
+           what="split16")
+
+
+def test_compiled_call_is_one_opaque_op():
+    """Inside torch.compile (fullgraph) gemv goes through the kvtax::gemv op and matches eager."""
+    x, w, g, r = _inputs(1, 37, 100, torch.bfloat16, norm=True, residual=True, silu=True)
+    cfg = GemvConfig(8, 32, 2)
+
+    def step(x, w, g, r):
+        return gemv(x, w, norm_weight=g, residual=r, silu_mul=True, config=cfg) * 2
+
+    want = step(x, w, g, r)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend="aot_eager", fullgraph=True, dynamic=False)(x, w, g, r)
+    assert torch.equal(got, want)
+
+
+def test_default_config_fills_the_gpu():
+    """Llama-3.1-8B decode shapes: every SM gets a program, unsplit (the H200 sweep's
+    finding), tiles within the register budget; split-K only for a narrow layer."""
+    for n, k, silu in ((6144, 4096, False), (4096, 4096, False), (14336, 4096, True),
+                       (4096, 14336, False), (128256, 4096, False)):
+        for rows in (1, 4):
+            c = default_config(n, k, rows=rows, silu_mul=silu)
+            programs = -(-n // c.block_n) * c.split_k
+            assert programs >= 132 and c.split_k == 1, (n, k, c)
+            tiles = rows * (2 if silu else 1)
+            assert c.block_n * c.block_k * tiles <= 32 * 32 * c.num_warps, (n, k, c)
+    assert default_config(6144, 4096).block_n == 8
+    c = default_config(576, 576)  # 72 row blocks of 8: split to reach 132 SMs
+    assert c.split_k == 2 and -(-576 // c.block_n) * c.split_k >= 132
+
+
+def test_bad_input_raises(monkeypatch):
+    x, w, g, r = _inputs(1, 37, 100, torch.float16, norm=True, residual=True)
+    bad = {
+        "K mismatch": lambda: gemv(x[:, :99], w),
+        "5 rows": lambda: gemv(x.expand(5, 100), w),
+        "dtype mismatch": lambda: gemv(x, w.float()),
+        "int dtype": lambda: gemv(x.to(torch.int32), w.to(torch.int32)),
+        "transposed w": lambda: gemv(x[:, :37], w.t()),
+        "odd silu rows": lambda: gemv(x, w, silu_mul=True),
+        "residual shape": lambda: gemv(x, w, residual=r[:, :36]),
+        "residual dtype": lambda: gemv(x, w, residual=r.float()),
+        "norm shape": lambda: gemv(x, w, norm_weight=g[:99]),
+        "out dtype": lambda: gemv(x, w, out=torch.empty(1, 37, device=DEVICE)),
+        "out shape": lambda: gemv(x, w, out=torch.empty(1, 38, dtype=x.dtype, device=DEVICE)),
+        "w 1-d": lambda: gemv(x, w[0]),
+    }
+    for what, call in bad.items():
+        with pytest.raises(ShapeError, match="gemv cannot run"):
+            call()
+        print(what, "raised")
+    with pytest.raises(OptionError, match="eps"):
+        gemv(x, w, eps=0.0)
+    with pytest.raises(OptionError, match="power of two"):
+        GemvConfig(block_n=3)
+    with pytest.raises(OptionError, match="split_k"):
+        GemvConfig(split_k=0)
+    assert gm.unsupported_reason(x, w, norm_weight=g, residual=r) is None
+    monkeypatch.setattr(gm, "_interpreting", lambda: False)
+    if not ke.HAS_CUDA:
+        assert "CUDA" in gm.unsupported_reason(x, w)
+
+
+@pytest.mark.skipif(ke.HAS_CUDA, reason="CPU check of the script; the GPU machine's Triton "
+                    "3.6 interpreter fails on runtime loop bounds with NumPy 2 (session 7)")
+def test_benchmark_dry_run(tmp_path):
+    """benchmarks/gemv.py --dry-run: every arm runs on CPU (interpreter) and writes rows."""
+    script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gemv.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(script), "--dry-run", "--sweep", "--out",
+                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    rows = [json.loads(line) for line in (run / "rows.jsonl").read_text().splitlines()]
+    bad = [(r["shape"], r["arm"], r["note"]) for r in rows if r["status"] != "ok"]
+    assert rows and not bad, bad[:4]
+    arms = {r["arm"] for r in rows}
+    assert {"cublas", "torch-unfused", "kvtax"} <= arms
+    assert any(a.startswith("kvtax@") for a in arms)
+    assert all(r["max_abs_err"] < 0.25 for r in rows)
+    assert "| shape" in proc.stdout

@@ -1,0 +1,73 @@
+"""The decoder's opt-in fused-GEMV decode path vs its default torch path (CPU: interpreter).
+
+`DecoderModel.set_fused_gemv(True)` routes decode-sized steps through kvtax.models.gemv
+(norm + qkv, wo + residual, norm + gate/up + SiLU·up, w2 + residual, norm + lm_head); the
+logits must match the torch path's within bf16 rounding, and turning it off must restore
+the torch path exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests import gemv_env  # noqa: F401  (builds the kernels interpreted on CPU)
+from tests.kernels_env import DEVICE, interpret_mode  # noqa: F401 (autouse fixture)
+from tests.models_env import one_thread  # noqa: F401  (autouse)
+
+from kvtax.errors import OptionError  # noqa: E402
+from kvtax.models import ModelConfig, Runner, load_model, random_model  # noqa: E402
+from kvtax.models.config import get_config  # noqa: E402
+from kvtax.models.decoder import gemv_blocker  # noqa: E402
+from tests.helpers import assert_close  # noqa: E402
+
+
+# "tiny" at half width and two layers: the interpreter runs every program of every GEMV
+SMALL = ModelConfig(
+    family="llama", vocab_size=264, hidden_size=128, intermediate_size=192, num_layers=2,
+    num_heads=2, num_kv_heads=1, head_dim=64, rope_theta=10000.0,
+    max_position_embeddings=512, bos_token_id=256, eos_token_id=(257,), name="small",
+)
+
+
+def _run(model, batch: int, fused: bool, steps: int = 2) -> torch.Tensor:
+    """Prefill 9 tokens (torch path: 9 rows) then teacher-forced decode steps; logits
+    `[B, steps + 1, V]` in float32."""
+    runner = Runner(model, kv="fp16", cuda_graph=False, fused_gemv=fused)
+    assert model.fused_gemv is fused
+    caches = runner.make_caches(capacity=16)
+    gen = torch.Generator().manual_seed(batch)
+    ids = torch.randint(0, 256, (batch, 9 + steps), generator=gen).to(DEVICE)
+    out = [runner.prefill(ids[:, :9], caches)]
+    for i in range(steps):
+        out.append(runner.decode_step(ids[:, 9 + i : 10 + i], caches))
+    return torch.stack(out, dim=1).float()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_decode_matches_torch_path(batch):
+    model = random_model(SMALL, dtype=torch.bfloat16, device=DEVICE, seed=3)
+    with torch.no_grad():  # peaked logits (tests/test_runner.py's _peaked): a visible signal
+        for n, p in model.named_parameters():
+            if "norm" not in n:
+                p.mul_(2.0)
+    want = _run(model, batch, fused=False)
+    got = _run(model, batch, fused=True)
+    # bf16 activations: the fused path rounds once per GEMV where torch rounds after the
+    # norm and the matmul too (measured here: max 0.7%, RMS 0.65% of the logit scale).
+    scale = want.abs().max().item()
+    assert_close(got, want, atol=0.015 * scale, rel_rms=1.2e-2, what=f"fused-B{batch}")
+    assert not torch.equal(got, want)  # the fused path really ran
+    assert torch.equal(_run(model, batch, fused=False), want)  # off: the torch path, bit for bit
+
+
+def test_blocked_architectures_raise():
+    assert gemv_blocker(get_config("tiny")) is None
+    assert gemv_blocker(get_config("tiny-gemma3")) is not None
+    model = load_model("tiny-gemma3", seed=0)
+    with pytest.raises(OptionError, match="fused GEMV"):
+        model.set_fused_gemv(True)
+    model.set_fused_gemv(False)  # off is always allowed
+    assert not Runner(model, kv="fp16").fused_gemv  # auto: off where it does not apply
+    with pytest.raises(OptionError, match="fused GEMV"):
+        Runner(model, kv="fp16", fused_gemv=True)
