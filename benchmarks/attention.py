@@ -55,7 +55,7 @@ ALL_ARMS = [
 # decode_warp.py's (triton_api's warp_decode_config keyword arguments)
 SWEEP_DECODE = {
     "tile": None, "warp": {}, "n16": dict(block_n=16), "n64": dict(block_n=64),
-    "s2": dict(num_stages=2),
+    "s2": dict(num_stages=2), "s4": dict(num_stages=4), "s5": dict(num_stages=5),
     "sm4": dict(per_sm=4), "sm6": dict(per_sm=6), "sm12": dict(per_sm=12),
     "sm16": dict(per_sm=16),
     "r168sm12": dict(maxnreg=168, per_sm=12), "r128sm16": dict(maxnreg=128, per_sm=16),

@@ -148,6 +148,26 @@ def store_cases():
         yield f"store {spec} D{d} {dtype} T{t}", lambda c=cache, k=k: c.append(k, k)
 
 
+def gemv_cases():
+    """kvtax.models.gemv at Llama-3.1-8B decode shapes with each fusion, default (unsplit)
+    and split-K configs (the split path adds the reduce kernel)."""
+    from kvtax.models import gemv as gm
+
+    gm._interpreting = lambda: True  # let the wrapper take CPU tensors
+    k = 4096
+    for name, n, fusion in (("qkv", 6144, "norm"), ("o", 4096, "residual"),
+                            ("gate_up", 14336, "silu"), ("lm_head", 128256, "norm")):
+        for cfg in (None, gm.GemvConfig(8, 512, 4)):
+            w = torch.randn(2 * n if fusion == "silu" else n, k, dtype=torch.bfloat16)
+            x = torch.randn(1, k, dtype=torch.bfloat16)
+            kw = dict(norm_weight=torch.ones(k, dtype=torch.bfloat16)) if fusion != "residual" \
+                else dict(residual=torch.randn(1, n, dtype=torch.bfloat16))
+            tag = cfg.tag if cfg else "default"
+            yield (f"gemv {name} {fusion} {tag}",
+                   lambda x=x, w=w, kw=kw, cfg=cfg, s=fusion == "silu": gm.gemv(
+                       x, w, silu_mul=s, config=cfg, **kw))
+
+
 def _resources(kernel) -> str:
     """Registers / spill stack / static shared memory of a compiled kernel (cuobjdump)."""
     import os
@@ -170,7 +190,7 @@ def _resources(kernel) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, default=90)
-    p.add_argument("--only", choices=["attention", "sweep", "store"], default=None)
+    p.add_argument("--only", choices=["attention", "sweep", "store", "gemv"], default=None)
     p.add_argument("--full", action="store_true", help="also the prefill path")
     p.add_argument("-v", action="store_true", help="print tracebacks")
     args = p.parse_args()
@@ -193,6 +213,8 @@ def main() -> int:
         cases += list(sweep_cases())
     if args.only in (None, "store"):
         cases += list(store_cases())
+    if args.only in (None, "gemv"):
+        cases += list(gemv_cases())
     seen = set()
     for name, fn in cases:
         COMPILED.clear()
