@@ -25,7 +25,6 @@ import csv
 import datetime as dt
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ import triton  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import arms  # noqa: E402
 from report import markdown_summary  # noqa: E402
+from timing import Timer  # noqa: E402,F401  (read_pattern.py imports it from here)
 
 from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
 from kvtax.cache import FullCache  # noqa: E402
@@ -117,60 +117,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/attention", help="results go to OUT/<timestamp>/")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, no graphs")
     return p.parse_args(argv)
-
-
-class Timer:
-    """Median / p20 / p80 ms of a CUDA-graph replay of `fn`, L2 flushed before each."""
-
-    def __init__(self, reps: int, dry: bool, flush: str = "write") -> None:
-        self.reps, self.dry, self.mode = reps, dry, flush
-        self.flush = None if dry else torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-
-    def evict(self) -> None:
-        """Push the timed call's data out of L2: a 256 MiB write (the dirty lines it leaves
-        are written back during the next call) or read (clean lines, nothing to write)."""
-        if self.mode == "write":
-            self.flush.zero_()
-        else:
-            torch.amax(self.flush.view(torch.int32))
-
-    def __call__(self, fn) -> tuple[float, float, float]:
-        if self.dry:
-            fn()
-            ts = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                fn()
-                ts.append((time.perf_counter() - t0) * 1e3)
-            return _stats(ts)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up (compile, workspaces) off the capture
-            fn()
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
-        events = []
-        for _ in range(self.reps):
-            self.evict()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            events.append((start, end))
-        torch.cuda.synchronize()
-        ts = [s.elapsed_time(e) for s, e in events]
-        del graph
-        return _stats(ts)
-
-
-def _stats(ts: list[float]) -> tuple[float, float, float]:
-    ts = sorted(ts)
-    q = lambda f: ts[min(len(ts) - 1, int(f * (len(ts) - 1) + 0.5))]  # noqa: E731
-    return statistics.median(ts), q(0.2), q(0.8)
 
 
 def transient_bytes(fn, dry: bool) -> tuple[int, torch.Tensor]:

@@ -12,9 +12,8 @@ after), down (residual add after), lm_head (final RMSNorm before). Arms, side by
     kvtax@<tag>     --sweep: the fused gemv under other GemvConfigs (tag = config)
 
 Each call is captured in a CUDA graph and replayed; a 256 MiB write flushes L2 before
-each replay; median of --reps replays with p20/p80 (the Timer of benchmarks/attention.py,
-copied: that module builds the attention kernels on import). Per cell: µs, TB/s of the
-bytes the fused layer must move (weights + x + output [+ residual, norm weight]) and the
+each replay; median of --reps replays with p20/p80 (benchmarks/timing.py, as for
+attention.py). Per cell: µs, TB/s of the bytes the fused layer must move (weights + x + output [+ residual, norm weight]) and the
 fraction of a streaming-read ceiling measured in the same run (readceiling.py), and the
 max abs error against gemv_reference (float32), checked before timing.
 
@@ -32,7 +31,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -46,6 +44,8 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from timing import Timer  # noqa: E402
 
 from kvtax.models.gemv import GemvConfig, default_config, gemv, gemv_reference  # noqa: E402
 
@@ -84,55 +84,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true",
                    help="CPU (Triton interpreter), tiny shapes, no graphs, eager torch arm")
     return p.parse_args(argv)
-
-
-class Timer:
-    """Median / p20 / p80 ms of a CUDA-graph replay of `fn`, L2 flushed before each
-    (benchmarks/attention.py's Timer)."""
-
-    def __init__(self, reps: int, dry: bool, flush: str = "write") -> None:
-        self.reps, self.dry, self.mode = reps, dry, flush
-        self.flush = None if dry else torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-
-    def evict(self) -> None:
-        if self.mode == "write":
-            self.flush.zero_()
-        else:
-            torch.amax(self.flush.view(torch.int32))
-
-    def __call__(self, fn) -> tuple[float, float, float]:
-        if self.dry:  # one timed call: the interpreter is slow and the number meaningless
-            t0 = time.perf_counter()
-            fn()
-            return _stats([(time.perf_counter() - t0) * 1e3])
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up (compile, workspaces) off the capture
-            fn()
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
-        events = []
-        for _ in range(self.reps):
-            self.evict()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            events.append((start, end))
-        torch.cuda.synchronize()
-        ts = [s.elapsed_time(e) for s, e in events]
-        del graph
-        return _stats(ts)
-
-
-def _stats(ts: list[float]) -> tuple[float, float, float]:
-    ts = sorted(ts)
-    q = lambda f: ts[min(len(ts) - 1, int(f * (len(ts) - 1) + 0.5))]  # noqa: E731
-    return statistics.median(ts), q(0.2), q(0.8)
 
 
 def sweep_configs(n_out: int, k: int, rows: int, silu: bool, dry: bool) -> list[GemvConfig]:
@@ -305,7 +256,7 @@ def main(argv=None) -> list[dict]:
         device=torch.cuda.get_device_name(0) if not dry else "cpu (dry run)",
         torch=torch.__version__, triton=triton.__version__, git=_git_commit(), args=vars(args),
     )
-    timer = Timer(args.reps, dry, args.flush)
+    timer = Timer(args.reps, dry, args.flush, dry_calls=1)  # dry: the interpreter is slow
     t0 = time.time()
     if dry:
         ceiling, ceiling_rows = float("nan"), []

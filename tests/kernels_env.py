@@ -21,22 +21,31 @@ _KERNEL_MODULES = (
     "kvtax.attention.kernels.prefill", "kvtax.attention.kernels.decode",
     "kvtax.attention.kernels.reduce", "kvtax.attention.triton_api",
 )
-if not HAS_CUDA:
-    # The variable is restored once the kernels are built and set again only while a
-    # kernel test runs (`interpret_mode`), so it never leaks into other tests.
-    _saved = os.environ.get("TRITON_INTERPRET")
+
+
+def build_interpreted(names) -> None:  # noqa: ANN001
+    """(Re)import the modules `names` with TRITON_INTERPRET=1 on a machine without CUDA,
+    so their kernels run interpreted on CPU tensors. The variable is restored once they are
+    built and set again only while a kernel test runs (`interpret_mode`), so it never leaks
+    into other tests. With CUDA: nothing (the kernels compile)."""
+    if HAS_CUDA:
+        return
+    saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        for _name in _KERNEL_MODULES:
-            if _name in sys.modules:  # imported earlier in compiled mode: rebuild
-                importlib.reload(sys.modules[_name])
+        for name in names:
+            if name in sys.modules:  # imported earlier in compiled mode: rebuild
+                importlib.reload(sys.modules[name])
             else:
-                importlib.import_module(_name)
+                importlib.import_module(name)
     finally:
-        if _saved is None:
+        if saved is None:
             del os.environ["TRITON_INTERPRET"]
         else:
-            os.environ["TRITON_INTERPRET"] = _saved
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+build_interpreted(_KERNEL_MODULES)
 
 from kvtax.attention import attention_blockwise  # noqa: E402
 from kvtax.attention.triton_api import triton_attention  # noqa: E402

@@ -9,7 +9,6 @@ exact-tie rows, so rounding differences cannot hide.
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 import sys
@@ -20,20 +19,8 @@ import torch
 from tests import kernels_env as ke
 from tests.kernels_env import interpret_mode  # noqa: F401 (autouse fixture)
 
-if not ke.HAS_CUDA:  # build this kernel interpreted too (see tests/kernels_env.py)
-    _saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        for _name in ("kvtax.formats.kernels.quantize", "kvtax.formats.store_triton"):
-            if _name in sys.modules:
-                importlib.reload(sys.modules[_name])
-            else:
-                importlib.import_module(_name)
-    finally:
-        if _saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = _saved
+# build this kernel interpreted too on CPU (see tests/kernels_env.py)
+ke.build_interpreted(("kvtax.formats.kernels.quantize", "kvtax.formats.store_triton"))
 
 from kvtax.cache import FullCache, SlidingCache  # noqa: E402
 from kvtax.errors import ShapeError  # noqa: E402
