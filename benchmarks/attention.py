@@ -25,7 +25,6 @@ import csv
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import arms  # noqa: E402
 from report import markdown_summary  # noqa: E402
 from timing import Timer  # noqa: E402,F401  (read_pattern.py imports it from here)
+from timing import git_commit as _git_commit  # noqa: E402
 
 from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
 from kvtax.cache import FullCache  # noqa: E402
@@ -334,14 +334,6 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001  (the device's copy of the tree may have no .git)
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import Timer  # noqa: E402
+from timing import Timer, git_commit as _git_commit  # noqa: E402
 
 from kvtax.models.gemv import GemvConfig, default_config, gemv, gemv_reference  # noqa: E402
 
@@ -291,14 +290,6 @@ def _line(r: dict) -> str:
         return f"{head} {r['status']}: {r['note']}"
     return (f"{head} {r['median_us']:9.1f} us {r['tbps']:6.2f} TB/s "
             f"err {r['max_abs_err']:.1e}")
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001  (the device's copy of the tree may have no .git)
-        return "unknown"
 
 
 if __name__ == "__main__":

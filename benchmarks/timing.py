@@ -9,6 +9,7 @@ p20 / p80 in ms. `dry` (CPU, interpreter): wall-clock of `dry_calls` eager calls
 from __future__ import annotations
 
 import statistics
+import subprocess
 import time
 
 import torch
@@ -68,3 +69,13 @@ def stats(ts: list[float]) -> tuple[float, float, float]:
     ts = sorted(ts)
     q = lambda f: ts[min(len(ts) - 1, int(f * (len(ts) - 1) + 0.5))]  # noqa: E731
     return statistics.median(ts), q(0.2), q(0.8)
+
+
+def git_commit() -> str:
+    """The checkout's short commit, recorded beside each run's timings ("unknown" where
+    the tree has no .git, as on the device's copy)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return "unknown"
