@@ -68,10 +68,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also profile N eager decode steps per cell: GPU kernel time per "
                         "step by kind (GEMM, attention, cache store, norm, other) and the "
                         "launch count, to see where the time over the roofline goes")
-    p.add_argument("--gemv", choices=["torch", "triton"], default="triton",
+    p.add_argument("--gemv", choices=["auto", "torch", "triton"], default="auto",
                    help="decode linear layers: triton (kvtax's fused GEMVs: norm + qkv, wo + "
-                        "residual, norm + gate/up + SiLU, w2 + residual, norm + lm_head; the "
-                        "runner's default on CUDA) or torch (F.linear + separate norms/adds)")
+                        "residual, norm + gate/up + SiLU, w2 + residual, norm + lm_head), torch "
+                        "(F.linear + separate norms/adds) or auto (the runner's default: "
+                        "triton on CUDA where the architecture allows, else torch)")
     p.add_argument("--out", type=Path, default=None, help="write rows + run metadata as JSON")
     return p.parse_args(argv)
 
@@ -132,7 +133,7 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
     if compiled:
         torch._dynamo.reset()  # a fresh trace per cell: new caches, no recompile limit hit
     runner = Runner(model, kv=kv, cuda_graph=False if args.no_cuda_graph else None,
-                    fused_gemv=args.gemv == "triton",
+                    fused_gemv={"auto": None, "torch": False, "triton": True}[args.gemv],
                     compile=compiled)
     caches = runner.make_caches(capacity=ctx + args.warmup + args.tokens + args.profile + 2)
     if dev.type == "cuda":
@@ -155,6 +156,7 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
             "steps": len(times),
             "cuda_graph": runner._graph is not None,
             "graph_off_reason": runner.graph_disabled_reason,
+            "gemv": "triton" if runner.fused_gemv else "torch",  # what --gemv auto chose
             "peak_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
         }
     finally:
