@@ -87,6 +87,17 @@ def test_matches_reference(opt, m, dtype, split):
            what=f"{opt}-M{m}-split{split}")
 
 
+@pytest.mark.parametrize("split", [1, 3], ids=["split1", "split3"])
+@pytest.mark.parametrize("m,dtype", ROWS_DTYPE, ids=[f"M{m}-{str(d)[6:]}" for m, d in ROWS_DTYPE])
+def test_bias_with_norm_and_residual(m, dtype, split):
+    """Qwen2's qkv bias: added after the norm's scale, before the residual, split or not."""
+    x, w, g, r = _inputs(m, 37, 100, dtype, seed=10 + m, norm=True, residual=True)
+    b = (torch.randn(37, generator=torch.Generator().manual_seed(m)) * 3).to(DEVICE, dtype)
+    for kw in (dict(norm_weight=g), dict(norm_weight=g, residual=r)):
+        _check(x, w, bias=b, config=GemvConfig(block_n=8, block_k=32, split_k=split),
+               dtype=dtype, what=f"bias-M{m}-split{split}-{sorted(kw)}", **kw)
+
+
 @pytest.mark.parametrize("split", [1, 2, 4])
 def test_even_shapes_four_rows(split):
     """K a multiple of split x block_k: the unmasked (EVEN_K) loads; M=4, every fusion."""
@@ -175,6 +186,8 @@ def test_bad_input_raises(monkeypatch):
         "residual shape": lambda: gemv(x, w, residual=r[:, :36]),
         "residual dtype": lambda: gemv(x, w, residual=r.float()),
         "norm shape": lambda: gemv(x, w, norm_weight=g[:99]),
+        "bias shape": lambda: gemv(x, w, bias=g[:36]),
+        "bias with silu": lambda: gemv(x[:, :100], torch.cat([w, w]), bias=g[:37], silu_mul=True),
         "out dtype": lambda: gemv(x, w, out=torch.empty(1, 37, device=DEVICE)),
         "out shape": lambda: gemv(x, w, out=torch.empty(1, 38, dtype=x.dtype, device=DEVICE)),
         "w 1-d": lambda: gemv(x, w[0]),

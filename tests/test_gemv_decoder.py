@@ -8,6 +8,8 @@ the torch path exactly.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -44,9 +46,16 @@ def _run(model, batch: int, fused: bool, steps: int = 2) -> torch.Tensor:
     return torch.stack(out, dim=1).float()
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_fused_decode_matches_torch_path(batch):
-    model = random_model(SMALL, dtype=torch.bfloat16, device=DEVICE, seed=3)
+# Qwen2's layout: a bias on the fused qkv projection (the GEMV's bias epilogue)
+SMALL_QWEN2 = dataclasses.replace(SMALL, family="qwen2", qkv_bias=True, name="small-qwen2")
+
+
+@pytest.mark.parametrize("cfg, batch", [(SMALL, 1), (SMALL, 3), (SMALL_QWEN2, 2)],
+                         ids=["llama-B1", "llama-B3", "qwen2-B2"])
+def test_fused_decode_matches_torch_path(cfg, batch):
+    model = random_model(cfg, dtype=torch.bfloat16, device=DEVICE, seed=3)
+    assert gemv_blocker(cfg) is None and (model.layers[0].attn.wqkv.bias is not None) == bool(
+        cfg.qkv_bias)
     with torch.no_grad():  # peaked logits (tests/test_runner.py's _peaked): a visible signal
         for n, p in model.named_parameters():
             if "norm" not in n:

@@ -7,10 +7,12 @@ sliding-window layers with their own RoPE base (Gemma 3). Attention always goes 
 the layer's kvtax cache: `cache.append(k, v)` then `attention(q, cache.view())`, so the
 quantized cache is read as stored, never dequantized into a copy.
 
-Opt-in (`DecoderModel.set_fused_gemv(True)`, off by default): decode-sized steps (B·T <= 4
-rows) run each linear layer as kvtax's Triton GEMV with its neighbours fused
-(`kvtax.models.gemv`): attn_norm + wqkv, wo + residual, ffn_norm + w13 + SiLU·up,
-w2 + residual, final norm + lm_head. Other steps (prefill) take the torch path.
+Fused GEMVs (`DecoderModel.set_fused_gemv(True)`; the model's default is off, the Runner
+turns them on for CUDA models): decode-sized steps (B·T <= 4 rows) run each linear layer
+as kvtax's Triton GEMV with its neighbours fused (`kvtax.models.gemv`): attn_norm + wqkv
+(+ Qwen2's qkv bias), wo + residual, ffn_norm + w13 + SiLU·up, w2 + residual, final norm
++ lm_head. Other steps (prefill) take the torch path; `gemv_blocker` names the families
+it does not cover (Gemma's norms and GELU).
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ class Block(nn.Module):
         """The decode step as four fused GEMVs (see `gemv_blocker` for the layers it takes)."""
         attn, mlp = self.attn, self.mlp
         qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=self.attn_norm.weight,
-                      eps=self.attn_norm.eps)
+                      eps=self.attn_norm.eps, bias=attn.wqkv.bias)
         a = attn.attend(qkv, cos, sin, cache, write_pos, length_t)
         x = gm.gemv(a, attn.wo.weight, residual=x)
         h = gm.gemv(x, mlp.w13.weight, norm_weight=self.ffn_norm.weight, eps=self.ffn_norm.eps,
@@ -178,8 +180,6 @@ def _gemv_api():  # noqa: ANN202
 
 def gemv_blocker(cfg: ModelConfig) -> str | None:
     """Why this architecture cannot take the fused-GEMV decode path, or None."""
-    if cfg.qkv_bias:
-        return "qkv bias (the GEMV has no bias epilogue)"
     if cfg.norm_offset:
         return "(1 + w) RMSNorm"
     if cfg.sandwich_norm:

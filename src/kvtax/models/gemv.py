@@ -114,6 +114,7 @@ def unsupported_reason(
     w: torch.Tensor,
     *,
     norm_weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
     out: torch.Tensor | None = None,
@@ -145,6 +146,12 @@ def unsupported_reason(
             return (f"norm_weight must be a float [{k}] vector (got {tuple(norm_weight.shape)}, "
                     f"{norm_weight.dtype})")
         tensors.append(norm_weight)
+    if bias is not None:
+        if silu_mul:
+            return "bias with silu_mul (a bias on gate/up) is not supported"
+        if bias.shape != (n,) or bias.dtype not in DTYPES:
+            return f"bias must be a float [{n}] vector (got {tuple(bias.shape)}, {bias.dtype})"
+        tensors.append(bias)
     if residual is not None:
         if residual.shape not in (shape, (rows, n)) or residual.dtype != x.dtype:
             return (f"residual {tuple(residual.shape)} {residual.dtype} must be {shape} "
@@ -168,6 +175,7 @@ def gemv_reference(
     norm_weight: torch.Tensor | None = None,
     eps: float = 1e-5,
     norm_offset: bool = False,
+    bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
     out_dtype: torch.dtype | None = None,
@@ -175,14 +183,14 @@ def gemv_reference(
     """What `gemv` computes, in float32 torch; the result cast to `out_dtype` (x's dtype).
 
     xn = x · rsqrt(mean(x²) + eps) · g (g = norm_weight, or 1 + g with norm_offset; no
-    norm without it); y = xn @ w.T; with silu_mul y = silu(y[..., :N/2]) · y[..., N/2:];
+    norm without it); y = xn @ w.T (+ bias); with silu_mul y = silu(y[..., :N/2]) · y[..., N/2:];
     y += residual. Any leading shape of x; no rounding between the steps.
     """
     h = x.float()
     if norm_weight is not None:
         g = norm_weight.float() + (1.0 if norm_offset else 0.0)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * g
-    y = F.linear(h, w.float())
+    y = F.linear(h, w.float(), None if bias is None else bias.float())
     if silu_mul:
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
@@ -198,17 +206,20 @@ def gemv(
     norm_weight: torch.Tensor | None = None,
     eps: float = 1e-5,
     norm_offset: bool = False,
+    bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
     config: GemvConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y = [residual +] act(rmsnorm(x) @ w.T) for decode-sized x, in one or two launches.
+    """y = [residual +] act(rmsnorm(x) @ w.T [+ bias]) for decode-sized x, in one or two
+    launches.
 
     x: `[..., K]` with M = x.numel() / K <= 4 rows (`[M, K]` or `[B, 1, K]`), fp16 / bf16 /
     fp32. w: `[N, K]` in x's dtype, rows contiguous (an nn.Linear weight). norm_weight:
     `[K]` (any float dtype) fuses RMSNorm of x (eps; norm_offset: Gemma's 1 + g) before
-    the product. silu_mul: w's rows are gate `[0, N/2)` then up `[N/2, N)`; the output is
+    the product. bias: `[N]` (any float dtype; not with silu_mul) added to the product.
+    silu_mul: w's rows are gate `[0, N/2)` then up `[N/2, N)`; the output is
     silu(gate) · up, `[..., N/2]`. residual: the output's shape and dtype, added last (it may
     alias `out`). Returns `[..., N]` (or `[..., N/2]`) in x's dtype, written into `out` if
     given. fp32 accumulation; see `gemv_reference` for the exact math. config: a
@@ -220,23 +231,23 @@ def gemv(
     """
     if eps <= 0 or not math.isfinite(eps):
         raise OptionError(f"eps must be a positive finite number (got {eps})")
-    reason = unsupported_reason(x, w, norm_weight=norm_weight, residual=residual,
+    reason = unsupported_reason(x, w, norm_weight=norm_weight, bias=bias, residual=residual,
                                 silu_mul=silu_mul, out=out)
     if reason is not None:
         raise ShapeError(f"gemv cannot run: {reason}")
     cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
                                        config.num_warps, config.num_stages)
     if torch.compiler.is_compiling():
-        y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, residual, silu_mul, cfg)
+        y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul, cfg)
         if out is None:
             return y
         return out.copy_(y.view(out.shape))
-    return _gemv(x, w, norm_weight, eps, norm_offset, residual, silu_mul, config, out)
+    return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, config, out)
 
 
 def _gemv(
     x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
-    norm_offset: bool, residual: torch.Tensor | None, silu_mul: bool,
+    norm_offset: bool, bias: torch.Tensor | None, residual: torch.Tensor | None, silu_mul: bool,
     config: GemvConfig | None, out: torch.Tensor | None,
 ) -> torch.Tensor:
     """The launch (inputs already checked)."""
@@ -262,6 +273,7 @@ def _gemv(
     split = splits > 1
     n_rows = w.shape[0] if split else n  # with split-K the main kernel sees gate/up as rows
     g = norm_weight.contiguous() if norm_weight is not None else x2
+    b = bias.contiguous() if bias is not None else x2  # placeholders are never read
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split:
         alloc = _nan_filled if POISON_WORKSPACE else torch.empty
@@ -270,18 +282,20 @@ def _gemv(
     else:
         ws = ss = y2  # placeholders, never touched
     _gemv_kernel[(triton.cdiv(n_rows, cfg.block_n), splits)](
-        x2, w, g, r2, y2, ws, ss,
+        x2, w, g, b, r2, y2, ws, ss,
         n_rows, k, k_per, x2.stride(0), w.stride(0), r2.stride(0), y2.stride(0), float(eps),
         ROWS=rows, NORM=norm_weight is not None, OFFSET=norm_offset,
-        RESIDUAL=residual is not None and not split, SILU_MUL=silu_mul and not split,
+        BIAS=bias is not None and not split, RESIDUAL=residual is not None and not split,
+        SILU_MUL=silu_mul and not split,
         SPLIT=split, EVEN_K=k % k_per == 0 and k_per % cfg.block_k == 0,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **opts,
     )
     if split:
         block = min(1024, triton.next_power_of_2(n))
         _gemv_reduce_kernel[(triton.cdiv(n, block), rows)](
-            ws, ss, r2, y2, n, n_rows, k, splits, r2.stride(0), y2.stride(0), float(eps),
-            ROWS=rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
+            ws, ss, b, r2, y2, n, n_rows, k, splits, r2.stride(0), y2.stride(0), float(eps),
+            ROWS=rows, NORM=norm_weight is not None, BIAS=bias is not None,
+            RESIDUAL=residual is not None,
             SILU_MUL=silu_mul, SPLITS_P=triton.next_power_of_2(splits), BLOCK_N=block,
             num_warps=4,
         )
@@ -298,16 +312,16 @@ def _nan_filled(shape: tuple[int, ...], **kw) -> torch.Tensor:  # noqa: ANN003
 _LIB = torch.library.Library("kvtax", "FRAGMENT")
 _LIB.define(
     "gemv(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool norm_offset, "
-    "Tensor? residual, bool silu_mul, int[]? config) -> Tensor"
+    "Tensor? bias, Tensor? residual, bool silu_mul, int[]? config) -> Tensor"
 )
 
 
-def _gemv_body(x, w, norm_weight, eps, norm_offset, residual, silu_mul, config):  # noqa: ANN001, ANN202
+def _gemv_body(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, config):  # noqa: ANN001, ANN202
     cfg = GemvConfig(*config) if config is not None else None
-    return _gemv(x, w, norm_weight, eps, norm_offset, residual, silu_mul, cfg, None)
+    return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, cfg, None)
 
 
-def _gemv_fake(x, w, norm_weight, eps, norm_offset, residual, silu_mul, config):  # noqa: ANN001, ANN202
+def _gemv_fake(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, config):  # noqa: ANN001, ANN202
     return x.new_empty(_out_shape(x, w, silu_mul))
 
 

@@ -8,7 +8,7 @@ so the loop body is wide 16-byte loads and FMAs only.
 
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
-so no program reads x twice. RESIDUAL and SILU_MUL are epilogues. With split-K the main
+so no program reads x twice. BIAS, RESIDUAL and SILU_MUL are epilogues. With split-K the main
 kernel writes fp32 partial sums (and partial sums of x² for NORM) to a workspace, and
 `_gemv_reduce_kernel` adds them in a fixed order and applies the epilogues.
 """
@@ -34,9 +34,9 @@ def _load_x(p_x, o_k, m_k, b_g, ss, NORM: tl.constexpr, EVEN_K: tl.constexpr):
 
 @triton.jit
 def _finish_row(
-    acc, acc_u, ss, row, pid_n, pid_s, o_n, m_n, R, Y, WS, SS,
+    acc, acc_u, ss, row, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS,
     N, K, stride_rm, stride_ym, eps,
-    ROWS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     SILU_MUL: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Reduce one row's tiles over K, then store a partial (SPLIT) or the finished output."""
@@ -48,20 +48,23 @@ def _finish_row(
             tl.store(SS + pid_s * ROWS + row, tl.sum(ss, 0), mask=pid_n == 0)
     else:
         u = tl.sum(acc_u, 1) if SILU_MUL else y
-        _epilogue(y, u, tl.sum(ss, 0), row, o_n, m_n, R, Y, K, stride_rm, stride_ym, eps,
-                  NORM, RESIDUAL, SILU_MUL)
+        _epilogue(y, u, tl.sum(ss, 0), row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
+                  NORM, BIAS, RESIDUAL, SILU_MUL)
 
 
 @triton.jit
-def _epilogue(y, u, ss, row, o_n, m_n, R, Y, K, stride_rm, stride_ym, eps,
-              NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr):
+def _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
+              NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+              SILU_MUL: tl.constexpr):
     """Finish one row's `[BLOCK_N]` sums and store them: y (and u, the up rows' sums, under
-    SILU_MUL) times rsqrt(ss / K + eps) (NORM; ss the row's sum of x²), silu(y) · u, plus
-    the residual row."""
+    SILU_MUL) times rsqrt(ss / K + eps) (NORM; ss the row's sum of x²), plus the bias
+    (BIAS, not with SILU_MUL), silu(y) · u, plus the residual row."""
     if NORM:
         rstd = tl.rsqrt(ss / K + eps)
         y = y * rstd
         u = u * rstd
+    if BIAS:
+        y += tl.load(B + o_n, mask=m_n, other=0.0).to(tl.float32)
     if SILU_MUL:
         y = y * tl.sigmoid(y) * u
     if RESIDUAL:
@@ -71,14 +74,16 @@ def _epilogue(y, u, ss, row, o_n, m_n, R, Y, K, stride_rm, stride_ym, eps,
 
 @triton.jit
 def _gemv_kernel(
-    X, W, G, R, Y, WS, SS,
+    X, W, G, B, R, Y, WS, SS,
     N, K, K_PER, stride_xm, stride_wn, stride_rm, stride_ym, eps,
-    ROWS: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, BIAS: tl.constexpr,
+    RESIDUAL: tl.constexpr,
     SILU_MUL: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
-    G `[K]` norm weight, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32, SS `[splits, ROWS]`.
+    G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
+    SS `[splits, ROWS]`.
 
     N counts output columns (SILU_MUL: gate rows [0, N), up rows [N, 2N) of W). Each split
     covers K_PER columns of K (a multiple of BLOCK_K). Rows of W past N are clamped to
@@ -144,24 +149,25 @@ def _gemv_kernel(
             acc3 += b_w * b_x[None, :]
             if SILU_MUL:
                 up3 += b_u * b_x[None, :]
-    _finish_row(acc0, up0, ss0, 0, pid_n, pid_s, o_n, m_n, R, Y, WS, SS, N, K, stride_rm,
-                stride_ym, eps, ROWS, NORM, RESIDUAL, SILU_MUL, SPLIT)
+    _finish_row(acc0, up0, ss0, 0, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
+                stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, SPLIT)
     if ROWS > 1:
-        _finish_row(acc1, up1, ss1, 1, pid_n, pid_s, o_n, m_n, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, ROWS, NORM, RESIDUAL, SILU_MUL, SPLIT)
+        _finish_row(acc1, up1, ss1, 1, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
+                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, SPLIT)
     if ROWS > 2:
-        _finish_row(acc2, up2, ss2, 2, pid_n, pid_s, o_n, m_n, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, ROWS, NORM, RESIDUAL, SILU_MUL, SPLIT)
+        _finish_row(acc2, up2, ss2, 2, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
+                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, SPLIT)
     if ROWS > 3:
-        _finish_row(acc3, up3, ss3, 3, pid_n, pid_s, o_n, m_n, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, ROWS, NORM, RESIDUAL, SILU_MUL, SPLIT)
+        _finish_row(acc3, up3, ss3, 3, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
+                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, SPLIT)
 
 
 @triton.jit
 def _gemv_reduce_kernel(
-    WS, SS, R, Y,
+    WS, SS, B, R, Y,
     N, N_WS, K, SPLITS, stride_rm, stride_ym, eps,
-    ROWS: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr,
+    ROWS: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+    SILU_MUL: tl.constexpr,
     SPLITS_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_N), ROWS): y[row] = epilogue(sum over splits of WS[s, row]).
@@ -184,5 +190,5 @@ def _gemv_reduce_kernel(
     if NORM:
         ss = tl.sum(tl.load(SS + o_s * ROWS + row, mask=m_s, other=0.0), 0)
     u = tl.sum(tl.load(p_ws + N, mask=m_ws, other=0.0), 0) if SILU_MUL else y
-    _epilogue(y, u, ss, row, o_n, m_n, R, Y, K, stride_rm, stride_ym, eps, NORM, RESIDUAL,
-              SILU_MUL)
+    _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps, NORM, BIAS,
+              RESIDUAL, SILU_MUL)
