@@ -157,17 +157,21 @@ def gemv_cases():
     k = 4096
     for name, n, fusion in (("qkv", 6144, "norm"), ("qkv", 6144, "norm+bias"),
                             ("o", 4096, "residual"), ("gate_up", 14336, "silu"),
+                            ("gate_up", 10240, "gelu+offset"),
                             ("lm_head", 128256, "norm")):
         for cfg in (None, gm.GemvConfig(8, 512, 4)):
-            w = torch.randn(2 * n if fusion == "silu" else n, k, dtype=torch.bfloat16)
+            gated = fusion.startswith(("silu", "gelu"))
+            w = torch.randn(2 * n if gated else n, k, dtype=torch.bfloat16)
             x = torch.randn(1, k, dtype=torch.bfloat16)
             kw = dict(norm_weight=torch.ones(k, dtype=torch.bfloat16)) if fusion != "residual" \
                 else dict(residual=torch.randn(1, n, dtype=torch.bfloat16))
             if "bias" in fusion:  # Qwen2's qkv
                 kw["bias"] = torch.randn(n, dtype=torch.bfloat16)
+            if "gelu" in fusion:  # Gemma's MLP
+                kw.update(gelu=True, norm_offset=True)
             tag = cfg.tag if cfg else "default"
             yield (f"gemv {name} {fusion} {tag}",
-                   lambda x=x, w=w, kw=kw, cfg=cfg, s=fusion == "silu": gm.gemv(
+                   lambda x=x, w=w, kw=kw, cfg=cfg, s=gated: gm.gemv(
                        x, w, silu_mul=s, config=cfg, **kw))
 
 

@@ -98,6 +98,17 @@ def test_bias_with_norm_and_residual(m, dtype, split):
                dtype=dtype, what=f"bias-M{m}-split{split}-{sorted(kw)}", **kw)
 
 
+@pytest.mark.parametrize("split", [1, 3], ids=["split1", "split3"])
+@pytest.mark.parametrize("m,dtype", ROWS_DTYPE, ids=[f"M{m}-{str(d)[6:]}" for m, d in ROWS_DTYPE])
+def test_gelu_gate_with_offset_norm(m, dtype, split):
+    """Gemma's MLP: (1 + w) RMSNorm, then GELU-tanh(gate) · up, split or not."""
+    x, w, g, _ = _inputs(m, 37, 100, dtype, seed=20 + m, norm=True, silu=True)
+    x = x * 3  # gate values out to |y| ~ 3, where GELU's tanh curve matters
+    _check(x, w, norm_weight=g - 1.0, norm_offset=True, silu_mul=True, gelu=True,
+           config=GemvConfig(block_n=8, block_k=32, split_k=split), dtype=dtype,
+           what=f"gelu-M{m}-split{split}")
+
+
 @pytest.mark.parametrize("split", [1, 2, 4])
 def test_even_shapes_four_rows(split):
     """K a multiple of split x block_k: the unmasked (EVEN_K) loads; M=4, every fusion."""
@@ -198,6 +209,8 @@ def test_bad_input_raises(monkeypatch):
         print(what, "raised")
     with pytest.raises(OptionError, match="eps"):
         gemv(x, w, eps=0.0)
+    with pytest.raises(OptionError, match="silu_mul"):
+        gemv(x, w, gelu=True)
     with pytest.raises(OptionError, match="power of two"):
         GemvConfig(block_n=3)
     with pytest.raises(OptionError, match="split_k"):

@@ -18,7 +18,7 @@ from tests.kernels_env import DEVICE, interpret_mode  # noqa: F401 (autouse fixt
 from tests.models_env import one_thread  # noqa: F401  (autouse)
 
 from kvtax.errors import OptionError  # noqa: E402
-from kvtax.models import ModelConfig, Runner, load_model, random_model  # noqa: E402
+from kvtax.models import ModelConfig, Runner, random_model  # noqa: E402
 from kvtax.models.config import get_config  # noqa: E402
 from kvtax.models.decoder import gemv_blocker  # noqa: E402
 from tests.helpers import assert_close  # noqa: E402
@@ -48,10 +48,16 @@ def _run(model, batch: int, fused: bool, steps: int = 2) -> torch.Tensor:
 
 # Qwen2's layout: a bias on the fused qkv projection (the GEMV's bias epilogue)
 SMALL_QWEN2 = dataclasses.replace(SMALL, family="qwen2", qkv_bias=True, name="small-qwen2")
+# Gemma 3's: (1 + w) norms, sandwich norms, GELU-tanh, q/k norms, a sliding and a global layer
+SMALL_GEMMA3 = dataclasses.replace(
+    get_config("tiny-gemma3"), hidden_size=128, intermediate_size=192, num_layers=2,
+    num_heads=2, num_kv_heads=1, head_dim=64, sliding_window=8,
+    layer_types=("sliding_attention", "full_attention"), name="small-gemma3")
 
 
-@pytest.mark.parametrize("cfg, batch", [(SMALL, 1), (SMALL, 3), (SMALL_QWEN2, 2)],
-                         ids=["llama-B1", "llama-B3", "qwen2-B2"])
+@pytest.mark.parametrize("cfg, batch", [(SMALL, 1), (SMALL, 3), (SMALL_QWEN2, 2),
+                                        (SMALL_GEMMA3, 2)],
+                         ids=["llama-B1", "llama-B3", "qwen2-B2", "gemma3-B2"])
 def test_fused_decode_matches_torch_path(cfg, batch):
     model = random_model(cfg, dtype=torch.bfloat16, device=DEVICE, seed=3)
     assert gemv_blocker(cfg) is None and (model.layers[0].attn.wqkv.bias is not None) == bool(
@@ -71,9 +77,11 @@ def test_fused_decode_matches_torch_path(cfg, batch):
 
 
 def test_blocked_architectures_raise():
-    assert gemv_blocker(get_config("tiny")) is None
-    assert gemv_blocker(get_config("tiny-gemma3")) is not None
-    model = load_model("tiny-gemma3", seed=0)
+    for name in ("tiny", "tiny-gemma3"):
+        assert gemv_blocker(get_config(name)) is None
+    relu = dataclasses.replace(SMALL, hidden_act="relu", name="small-relu")
+    assert "relu" in gemv_blocker(relu)
+    model = random_model(relu, seed=0)
     with pytest.raises(OptionError, match="fused GEMV"):
         model.set_fused_gemv(True)
     model.set_fused_gemv(False)  # off is always allowed

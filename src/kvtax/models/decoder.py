@@ -11,8 +11,8 @@ Fused GEMVs (`DecoderModel.set_fused_gemv(True)`; the model's default is off, th
 turns them on for CUDA models): decode-sized steps (B·T <= 4 rows) run each linear layer
 as kvtax's Triton GEMV with its neighbours fused (`kvtax.models.gemv`): attn_norm + wqkv
 (+ Qwen2's qkv bias), wo + residual, ffn_norm + w13 + SiLU·up, w2 + residual, final norm
-+ lm_head. Other steps (prefill) take the torch path; `gemv_blocker` names the families
-it does not cover (Gemma's norms and GELU).
++ lm_head (Gemma: (1 + w) norms, GELU-tanh, sandwich norms applied in torch). Other
+steps (prefill) take the torch path.
 """
 
 from __future__ import annotations
@@ -160,14 +160,22 @@ class Block(nn.Module):
         return x + (self.post_ffn_norm(h) if self.sandwich else h)
 
     def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t):  # noqa: ANN001, ANN202
-        """The decode step as four fused GEMVs (see `gemv_blocker` for the layers it takes)."""
+        """The decode step as four fused GEMVs (see `gemv_blocker` for the layers it takes).
+        Sandwich norms (Gemma) normalize a projection's whole output before the residual
+        add, so there the add stays in torch after the norm."""
         attn, mlp = self.attn, self.mlp
-        qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=self.attn_norm.weight,
-                      eps=self.attn_norm.eps, bias=attn.wqkv.bias)
+        an, fn = self.attn_norm, self.ffn_norm
+        qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=an.weight, eps=an.eps,
+                      norm_offset=an.offset, bias=attn.wqkv.bias)
         a = attn.attend(qkv, cos, sin, cache, write_pos, length_t)
-        x = gm.gemv(a, attn.wo.weight, residual=x)
-        h = gm.gemv(x, mlp.w13.weight, norm_weight=self.ffn_norm.weight, eps=self.ffn_norm.eps,
-                    silu_mul=True)
+        if self.sandwich:
+            x = x + self.post_attn_norm(gm.gemv(a, attn.wo.weight))
+        else:
+            x = gm.gemv(a, attn.wo.weight, residual=x)
+        h = gm.gemv(x, mlp.w13.weight, norm_weight=fn.weight, eps=fn.eps, norm_offset=fn.offset,
+                    silu_mul=True, gelu=mlp.gelu)
+        if self.sandwich:
+            return x + self.post_ffn_norm(gm.gemv(h, mlp.w2.weight))
         return gm.gemv(h, mlp.w2.weight, residual=x)
 
 
@@ -180,12 +188,8 @@ def _gemv_api():  # noqa: ANN202
 
 def gemv_blocker(cfg: ModelConfig) -> str | None:
     """Why this architecture cannot take the fused-GEMV decode path, or None."""
-    if cfg.norm_offset:
-        return "(1 + w) RMSNorm"
-    if cfg.sandwich_norm:
-        return "sandwich norms"
-    if cfg.hidden_act != "silu":
-        return f"{cfg.hidden_act} MLP (the epilogue is SiLU)"
+    if cfg.hidden_act not in ("silu", "gelu_tanh"):
+        return f"{cfg.hidden_act} MLP (the epilogues are SiLU and GELU-tanh)"
     return None
 
 
@@ -279,7 +283,8 @@ class DecoderModel(nn.Module):
             x = x[:, -1:]
         gm = _gemv_api() if self.fused_gemv else None
         if gm is not None and gm.unsupported_reason(x, self.head_weight) is None:
-            logits = gm.gemv(x, self.head_weight, norm_weight=self.norm.weight, eps=self.norm.eps)
+            logits = gm.gemv(x, self.head_weight, norm_weight=self.norm.weight, eps=self.norm.eps,
+                             norm_offset=self.norm.offset)
         else:
             logits = F.linear(self.norm(x), self.head_weight)
         if cfg.final_softcap:

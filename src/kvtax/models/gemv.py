@@ -178,12 +178,14 @@ def gemv_reference(
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
+    gelu: bool = False,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """What `gemv` computes, in float32 torch; the result cast to `out_dtype` (x's dtype).
 
     xn = x · rsqrt(mean(x²) + eps) · g (g = norm_weight, or 1 + g with norm_offset; no
-    norm without it); y = xn @ w.T (+ bias); with silu_mul y = silu(y[..., :N/2]) · y[..., N/2:];
+    norm without it); y = xn @ w.T (+ bias); with silu_mul y = act(y[..., :N/2]) · y[..., N/2:]
+    (act: SiLU, or GELU-tanh with gelu);
     y += residual. Any leading shape of x; no rounding between the steps.
     """
     h = x.float()
@@ -193,7 +195,7 @@ def gemv_reference(
     y = F.linear(h, w.float(), None if bias is None else bias.float())
     if silu_mul:
         gate, up = y.chunk(2, dim=-1)
-        y = F.silu(gate) * up
+        y = (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
     if residual is not None:
         y = y + residual.float().reshape(y.shape)
     return y.to(out_dtype or x.dtype)
@@ -209,6 +211,7 @@ def gemv(
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
+    gelu: bool = False,
     config: GemvConfig | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -220,17 +223,20 @@ def gemv(
     `[K]` (any float dtype) fuses RMSNorm of x (eps; norm_offset: Gemma's 1 + g) before
     the product. bias: `[N]` (any float dtype; not with silu_mul) added to the product.
     silu_mul: w's rows are gate `[0, N/2)` then up `[N/2, N)`; the output is
-    silu(gate) · up, `[..., N/2]`. residual: the output's shape and dtype, added last (it may
-    alias `out`). Returns `[..., N]` (or `[..., N/2]`) in x's dtype, written into `out` if
-    given. fp32 accumulation; see `gemv_reference` for the exact math. config: a
-    GemvConfig (default: `default_config`). Raises ShapeError for tensors the kernel
-    cannot take (`unsupported_reason`).
+    silu(gate) · up, `[..., N/2]` (gelu: GELU-tanh(gate) · up, Gemma's MLP). residual:
+    the output's shape and dtype, added last (it may alias `out`). Returns `[..., N]` (or
+    `[..., N/2]`) in x's dtype, written into `out` if given. fp32 accumulation; see
+    `gemv_reference` for the exact math. config: a GemvConfig (default:
+    `default_config`). Raises ShapeError for tensors the kernel cannot take
+    (`unsupported_reason`).
 
     Example:
         h = gemv(x, wo, residual=x)          # x + x @ wo.T, x [1, 4096], wo [4096, 4096]
     """
     if eps <= 0 or not math.isfinite(eps):
         raise OptionError(f"eps must be a positive finite number (got {eps})")
+    if gelu and not silu_mul:
+        raise OptionError("gelu picks the gated MLP's activation: it needs silu_mul=True")
     reason = unsupported_reason(x, w, norm_weight=norm_weight, bias=bias, residual=residual,
                                 silu_mul=silu_mul, out=out)
     if reason is not None:
@@ -238,17 +244,19 @@ def gemv(
     cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
                                        config.num_warps, config.num_stages)
     if torch.compiler.is_compiling():
-        y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul, cfg)
+        y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul,
+                     gelu, cfg)
         if out is None:
             return y
         return out.copy_(y.view(out.shape))
-    return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, config, out)
+    return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config,
+                 out)
 
 
 def _gemv(
     x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
     norm_offset: bool, bias: torch.Tensor | None, residual: torch.Tensor | None, silu_mul: bool,
-    config: GemvConfig | None, out: torch.Tensor | None,
+    gelu: bool, config: GemvConfig | None, out: torch.Tensor | None,
 ) -> torch.Tensor:
     """The launch (inputs already checked)."""
     shape = _out_shape(x, w, silu_mul)
@@ -286,8 +294,8 @@ def _gemv(
         n_rows, k, k_per, x2.stride(0), w.stride(0), r2.stride(0), y2.stride(0), float(eps),
         ROWS=rows, NORM=norm_weight is not None, OFFSET=norm_offset,
         BIAS=bias is not None and not split, RESIDUAL=residual is not None and not split,
-        SILU_MUL=silu_mul and not split,
-        SPLIT=split, EVEN_K=k % k_per == 0 and k_per % cfg.block_k == 0,
+        SILU_MUL=silu_mul and not split, GELU=gelu, SPLIT=split,
+        EVEN_K=k % k_per == 0 and k_per % cfg.block_k == 0,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **opts,
     )
     if split:
@@ -296,7 +304,7 @@ def _gemv(
             ws, ss, b, r2, y2, n, n_rows, k, splits, r2.stride(0), y2.stride(0), float(eps),
             ROWS=rows, NORM=norm_weight is not None, BIAS=bias is not None,
             RESIDUAL=residual is not None,
-            SILU_MUL=silu_mul, SPLITS_P=triton.next_power_of_2(splits), BLOCK_N=block,
+            SILU_MUL=silu_mul, GELU=gelu, SPLITS_P=triton.next_power_of_2(splits), BLOCK_N=block,
             num_warps=4,
         )
     return out
@@ -312,16 +320,16 @@ def _nan_filled(shape: tuple[int, ...], **kw) -> torch.Tensor:  # noqa: ANN003
 _LIB = torch.library.Library("kvtax", "FRAGMENT")
 _LIB.define(
     "gemv(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool norm_offset, "
-    "Tensor? bias, Tensor? residual, bool silu_mul, int[]? config) -> Tensor"
+    "Tensor? bias, Tensor? residual, bool silu_mul, bool gelu, int[]? config) -> Tensor"
 )
 
 
-def _gemv_body(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, config):  # noqa: ANN001, ANN202
+def _gemv_body(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config):  # noqa: ANN001, ANN202
     cfg = GemvConfig(*config) if config is not None else None
-    return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, cfg, None)
+    return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, cfg, None)
 
 
-def _gemv_fake(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, config):  # noqa: ANN001, ANN202
+def _gemv_fake(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config):  # noqa: ANN001, ANN202
     return x.new_empty(_out_shape(x, w, silu_mul))
 
 

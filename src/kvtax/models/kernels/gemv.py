@@ -8,7 +8,8 @@ so the loop body is wide 16-byte loads and FMAs only.
 
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
-so no program reads x twice. BIAS, RESIDUAL and SILU_MUL are epilogues. With split-K the main
+so no program reads x twice. BIAS, RESIDUAL and SILU_MUL (GELU: a GELU-tanh gate) are
+epilogues. With split-K the main
 kernel writes fp32 partial sums (and partial sums of x² for NORM) to a workspace, and
 `_gemv_reduce_kernel` adds them in a fixed order and applies the epilogues.
 """
@@ -37,7 +38,7 @@ def _finish_row(
     acc, acc_u, ss, row, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS,
     N, K, stride_rm, stride_ym, eps,
     ROWS: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-    SILU_MUL: tl.constexpr, SPLIT: tl.constexpr,
+    SILU_MUL: tl.constexpr, GELU: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Reduce one row's tiles over K, then store a partial (SPLIT) or the finished output."""
     y = tl.sum(acc, 1)  # [BLOCK_N]
@@ -49,16 +50,17 @@ def _finish_row(
     else:
         u = tl.sum(acc_u, 1) if SILU_MUL else y
         _epilogue(y, u, tl.sum(ss, 0), row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
-                  NORM, BIAS, RESIDUAL, SILU_MUL)
+                  NORM, BIAS, RESIDUAL, SILU_MUL, GELU)
 
 
 @triton.jit
 def _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
               NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-              SILU_MUL: tl.constexpr):
+              SILU_MUL: tl.constexpr, GELU: tl.constexpr):
     """Finish one row's `[BLOCK_N]` sums and store them: y (and u, the up rows' sums, under
     SILU_MUL) times rsqrt(ss / K + eps) (NORM; ss the row's sum of x²), plus the bias
-    (BIAS, not with SILU_MUL), silu(y) · u, plus the residual row."""
+    (BIAS, not with SILU_MUL), act(y) · u with act SiLU or (GELU) GELU-tanh, plus the
+    residual row."""
     if NORM:
         rstd = tl.rsqrt(ss / K + eps)
         y = y * rstd
@@ -66,7 +68,10 @@ def _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
     if BIAS:
         y += tl.load(B + o_n, mask=m_n, other=0.0).to(tl.float32)
     if SILU_MUL:
-        y = y * tl.sigmoid(y) * u
+        if GELU:  # 0.5 y (1 + tanh(z)) = y sigmoid(2 z), z = sqrt(2 / pi) (y + 0.044715 y^3)
+            y = y * tl.sigmoid(1.5957691216057308 * (y + 0.044715 * y * y * y)) * u
+        else:
+            y = y * tl.sigmoid(y) * u
     if RESIDUAL:
         y += tl.load(R + row * stride_rm + o_n, mask=m_n, other=0.0).to(tl.float32)
     tl.store(Y + row * stride_ym + o_n, y.to(Y.dtype.element_ty), mask=m_n)
@@ -77,8 +82,8 @@ def _gemv_kernel(
     X, W, G, B, R, Y, WS, SS,
     N, K, K_PER, stride_xm, stride_wn, stride_rm, stride_ym, eps,
     ROWS: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, BIAS: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    SILU_MUL: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr, GELU: tl.constexpr, SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
@@ -150,16 +155,16 @@ def _gemv_kernel(
             if SILU_MUL:
                 up3 += b_u * b_x[None, :]
     _finish_row(acc0, up0, ss0, 0, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, SPLIT)
+                stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT)
     if ROWS > 1:
         _finish_row(acc1, up1, ss1, 1, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, SPLIT)
+                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT)
     if ROWS > 2:
         _finish_row(acc2, up2, ss2, 2, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, SPLIT)
+                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT)
     if ROWS > 3:
         _finish_row(acc3, up3, ss3, 3, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, SPLIT)
+                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT)
 
 
 @triton.jit
@@ -167,7 +172,7 @@ def _gemv_reduce_kernel(
     WS, SS, B, R, Y,
     N, N_WS, K, SPLITS, stride_rm, stride_ym, eps,
     ROWS: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-    SILU_MUL: tl.constexpr,
+    SILU_MUL: tl.constexpr, GELU: tl.constexpr,
     SPLITS_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Grid (cdiv(N, BLOCK_N), ROWS): y[row] = epilogue(sum over splits of WS[s, row]).
@@ -191,4 +196,4 @@ def _gemv_reduce_kernel(
         ss = tl.sum(tl.load(SS + o_s * ROWS + row, mask=m_s, other=0.0), 0)
     u = tl.sum(tl.load(p_ws + N, mask=m_ws, other=0.0), 0) if SILU_MUL else y
     _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps, NORM, BIAS,
-              RESIDUAL, SILU_MUL)
+              RESIDUAL, SILU_MUL, GELU)
