@@ -114,14 +114,14 @@ class Runner:
         self.compile = compile
         if fused_gemv is None:
             fused_gemv = is_cuda and gemv_blocker(model.config) is None
-        elif fused_gemv:
-            model.set_fused_gemv(True)  # OptionError first for architectures it does not cover
+        elif fused_gemv and gemv_blocker(model.config) is None:
             from kvtax.models.gemv import runs_on  # needs Triton: imported when asked for
 
             if not runs_on(self.device):
                 raise OptionError("fused_gemv=True needs a model on a CUDA device (or the "
                                   "Triton interpreter)")
-        model.set_fused_gemv(fused_gemv)  # OptionError for architectures it does not cover
+        # one place sets the model's switch; OptionError for architectures it does not cover
+        model.set_fused_gemv(fused_gemv)
         self.fused_gemv = fused_gemv
         self.graph_disabled_reason: str | None = None
         self._graph: _DecodeGraph | None = None
