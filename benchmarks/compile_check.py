@@ -200,15 +200,9 @@ def main() -> int:
     p.add_argument("--only", choices=["attention", "sweep", "store", "gemv"], default=None)
     p.add_argument("--full", action="store_true", help="also the prefill path")
     p.add_argument("-v", action="store_true", help="print tracebacks")
-    p.add_argument("--pdl", action="store_true",
-                   help="compile the decode kernels' programmatic-dependent-launch variants")
     args = p.parse_args()
     _compile_only(args.arch)
-    print(f"triton {triton.__version__}, target sm_{args.arch}{' (PDL)' if args.pdl else ''}")
-    if args.pdl:
-        from kvtax import pdl
-
-        pdl.enabled = lambda device, interpreting=False: True  # CPU tensors, compile only
+    print(f"triton {triton.__version__}, target sm_{args.arch}")
     from kvtax.attention import triton_api as ta
 
     checks = ta._unsupported

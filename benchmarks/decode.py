@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 
-from kvtax import pdl
 from kvtax.models import Runner, get_config, load_model
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -74,19 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "residual, norm + gate/up + SiLU, w2 + residual, norm + lm_head), torch "
                         "(F.linear + separate norms/adds) or auto (the runner's default: "
                         "triton on CUDA where the architecture allows, else torch)")
-    p.add_argument("--pdl", default="on",
-                   help="programmatic dependent launch (kvtax.pdl), a comma list of on/off: "
-                        "each cell runs once per value, side by side (default on)")
     p.add_argument("--out", type=Path, default=None, help="write rows + run metadata as JSON")
     return p.parse_args(argv)
-
-
-def parse_pdl(text: str) -> list[bool]:
-    """'on,off' -> [True, False]."""
-    values = [v.strip().lower() for v in text.split(",") if v.strip()]
-    if not values or any(v not in ("on", "off") for v in values):
-        raise SystemExit(f"--pdl {text!r}: a comma list of on / off")
-    return [v == "on" for v in values]
 
 
 def parse_contexts(text: str) -> list[int]:
@@ -110,15 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     weight_bytes = _weight_bytes_per_token(model)
     rows = []
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
-    pdls = parse_pdl(args.pdl)
     for ctx in contexts:
-        for kv, compiled, on in ((kv, c, o) for kv in formats for c in compiles for o in pdls):
+        for kv, compiled in ((kv, c) for kv in formats for c in compiles):
             row = {"config": cfg.name, "context": ctx, "kv": kv, "batch": args.batch,
                    "dtype": str(dtype), "device": _device_name(dev),
                    "weight_bytes": weight_bytes, "read_bw_Bps": bw, "compiled": compiled,
                    "gemv": args.gemv}
-            pdl.set_enabled(on)  # the cell captures its own graph under this setting
-            row["pdl"] = pdl.enabled(dev)
             try:
                 row.update(run_cell(model, kv, ctx, args, compiled))
                 total = weight_bytes + row["kv_bytes"]
@@ -324,8 +309,7 @@ def markdown_table(rows: list[dict]) -> str:
             f"{r['ms_p80']:.3f}) | {r['roofline_ms']:.3f} | {100 * r['roofline_fraction']:.0f}% | "
             f"{r['kv_bytes'] / 2**20:.1f} | {'yes' if r['cuda_graph'] else 'no'}"
             f"{' (compiled)' if r.get('compiled') else ''}"
-            f"{' (triton gemv)' if r.get('gemv') == 'triton' else ''}"
-            f"{' (pdl)' if r.get('pdl') else ''} |"
+            f"{' (triton gemv)' if r.get('gemv') == 'triton' else ''} |"
         )
     return "\n".join(lines)
 
@@ -334,8 +318,7 @@ def _row_line(r: dict) -> str:
     if "error" in r:
         return f"ctx {r['context']:>7} {r['kv']:>6}: {r['error']}"
     line = (f"ctx {r['context']:>7} {r['kv']:>6}{' compiled' if r.get('compiled') else ''}"
-            f"{' gemv=triton' if r.get('gemv') == 'triton' else ''}"
-            f"{' pdl' if r.get('pdl') else ''}: "
+            f"{' gemv=triton' if r.get('gemv') == 'triton' else ''}: "
             f"{r['ms_median']:.3f} ms/token, roofline "
             f"{r['roofline_ms']:.3f} ms ({100 * r['roofline_fraction']:.0f}%)")
     if "kernel_ms_per_step" in r:

@@ -129,9 +129,8 @@ def build_arm(arm: str, fusion: str, x, w, g, r, dry: bool):
 
 
 def _untag(tag: str) -> list[str]:
-    """'n16-k512-s2-w4-st1-p1024' -> ['16', '512', '2', '4', '1', '1024'] (GemvConfig.tag's
-    inverse)."""
-    return [part.lstrip("nkswtp") for part in tag.split("-")]
+    """'n16-k512-s2-w4-st1' -> ['16', '512', '2', '4', '1'] (GemvConfig.tag's inverse)."""
+    return [part.lstrip("nkswt") for part in tag.split("-")]
 
 
 def run_shape(name, args, timer, ceiling, t0):

@@ -32,7 +32,6 @@ from kvtax.attention.kernels.decode_warp import _decode_warp_kernel
 from kvtax.attention.kernels.prefill import _prefill_attn_fwd_kernel
 from kvtax.attention.kernels.reduce import _decode_attn_reduce_kernel
 from kvtax.attention.reference import check_kv_start, check_query, rotate_query, unrotate_output
-from kvtax import pdl
 from kvtax.attention.view import CacheView
 from kvtax.errors import ShapeError
 from kvtax.formats import AffineFormat, FloatFormat, FP8Format, KVFormat, KVSpec, QTensor
@@ -469,10 +468,6 @@ def _triton_attention(
         return out
 
     rows, splits = group * n_q, cfg.num_splits
-    # programmatic dependent launch (kvtax.pdl): the split kernel and the reduce launch
-    # while their predecessor drains (the opt-in packed kernel launches as usual)
-    on = pdl.enabled(q.device, _interpreting()) and pdl.scope_all()
-    pdl_args = dict(PDL=on, launch_pdl=on, TRIGGER=pdl.trigger())
     part_o = _workspace((b * h_kv, splits, rows, d), q.device)
     part_m = _workspace((b * h_kv, splits, rows), q.device)
     part_l = _workspace((b * h_kv, splits, rows), q.device)
@@ -496,12 +491,12 @@ def _triton_attention(
         _decode_warp_kernel[(b * h_kv, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
             *q.stride(), *strides, **masks, HAS_MIN_DIST=common["HAS_MIN_DIST"],
-            **_warp_args(view, q.dtype, cfg, common), **pdl_args,
+            **_warp_args(view, q.dtype, cfg, common),
         )
     else:
         _decode_attn_split_kernel[(b * h_kv, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
-            *q.stride(), *strides, **masks, **common, **pdl_args,
+            *q.stride(), *strides, **masks, **common,
         )
     splits_pad = triton.next_power_of_2(splits)
     d_block = min(32, triton.next_power_of_2(d))
@@ -510,7 +505,7 @@ def _triton_attention(
         G=group, HEAD_DIM=d, D_BLOCK=d_block,
         # all splits in one shot up to 256 (a [256, 32] float32 tile over 4 warps)
         SPLITS_PAD=splits_pad, SPLIT_BLOCK=splits_pad if splits_pad <= 256 else 64,
-        num_warps=4, **pdl_args,
+        num_warps=4,
     )
     return out
 

@@ -23,7 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kvtax import pdl
 from kvtax.errors import FormatError, ShapeError
 from kvtax.formats.affine import AffineFormat
 from kvtax.formats.base import MODEL_DTYPES, KVFormat, QTensor
@@ -283,10 +282,9 @@ def _launch(
         meta = dst.scales if dst.scales is not None else codes  # placeholders are never read
         bias = dst.biases if dst.biases is not None else meta
         args += [x, *x_strides, codes, meta, bias, *d_strides, recip]
-    on = pdl.enabled(k.device, _interpreting()) and pdl.scope_all()  # set_enabled may change
     _quantize_store_kernel[plan.grid](
         pos if plan.from_ptr else k, 0 if plan.from_ptr else int(pos), *plan.scalars, *args,
-        **plan.consts, PDL=on, launch_pdl=on, TRIGGER=pdl.trigger(),
+        **plan.consts,
     )
 
 

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 import triton
 
-from kvtax import pdl
 from kvtax.errors import OptionError, ShapeError
 from kvtax.models.kernels.gemv import _gemv_kernel, _gemv_reduce_kernel
 
@@ -37,22 +35,19 @@ POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritte
 @dataclasses.dataclass(frozen=True)
 class GemvConfig:
     """Launch of `gemv`: W tile `[block_n, block_k]` per loop step, `split_k` programs per
-    block of `block_n` rows (each a contiguous K slice), Triton's num_warps / num_stages;
-    prefetch_k: W columns per row each program pulls into L2 before it waits for the
-    previous kernel (programmatic dependent launch, `kvtax.pdl`; 0: none). block_n,
-    block_k and prefetch_k are powers of two (or prefetch_k 0)."""
+    block of `block_n` rows (each a contiguous K slice), Triton's num_warps / num_stages.
+    block_n and block_k are powers of two."""
 
     block_n: int = 16
     block_k: int = 512
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 1
-    prefetch_k: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "block_k", "num_warps", "prefetch_k"):
+        for name in ("block_n", "block_k", "num_warps"):
             v = getattr(self, name)
-            if (v < 1 and not (name == "prefetch_k" and v == 0)) or v & (v - 1):
+            if v < 1 or v & (v - 1):
                 raise OptionError(f"GemvConfig.{name}={v} must be a power of two")
         if not 1 <= self.split_k <= MAX_SPLIT_K:
             raise OptionError(f"GemvConfig.split_k={self.split_k} must be in 1..{MAX_SPLIT_K}")
@@ -62,7 +57,7 @@ class GemvConfig:
     @property
     def tag(self) -> str:
         return (f"n{self.block_n}-k{self.block_k}-s{self.split_k}-w{self.num_warps}"
-                f"-st{self.num_stages}-p{self.prefetch_k}")
+                f"-st{self.num_stages}")
 
 
 @lru_cache(maxsize=256)
@@ -91,18 +86,12 @@ def default_config(
     max_split = min(MAX_SPLIT_K, triton.cdiv(k, block_k))
     while blocks * split_k < num_sms and split_k * 2 <= max_split:
         split_k *= 2
-    # two loop steps of each W row go to L2 while the previous kernel drains (PDL)
-    return GemvConfig(block_n, block_k, split_k, num_warps, 1, 2 * block_k)
+    return GemvConfig(block_n, block_k, split_k, num_warps, 1)
 
 
 def _interpreting() -> bool:
     """True when Triton's interpreter built the kernel (then it also runs on CPU tensors)."""
     return type(_gemv_kernel).__name__ == "InterpretedFunction"
-
-
-def _use_pdl(device: torch.device) -> bool:
-    """Launch with programmatic dependent launch (`kvtax.pdl`) on `device`."""
-    return pdl.enabled(device, _interpreting())
 
 
 def runs_on(device: torch.device) -> bool:
@@ -252,7 +241,8 @@ def gemv(
                                 silu_mul=silu_mul, out=out)
     if reason is not None:
         raise ShapeError(f"gemv cannot run: {reason}")
-    cfg = None if config is None else list(dataclasses.astuple(config))
+    cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
+                                       config.num_warps, config.num_stages)
     if torch.compiler.is_compiling():
         y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul,
                      gelu, cfg)
@@ -293,13 +283,6 @@ def _gemv(
     g = norm_weight.contiguous() if norm_weight is not None else x2
     b = bias.contiguous() if bias is not None else x2  # placeholders are never read
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    on = _use_pdl(x.device)
-    line = 128 // w.element_size()  # elements per 128-byte line, what one prefetch pulls
-    lines = min(cfg.prefetch_k, k_per) // line if on else 0
-    if os.environ.get("KVTAX_GEMV_PREFETCH") == "0":
-        lines = 0
-    pdl_args = dict(PDL=on, LINE=line, PREFETCH_LINES=triton.next_power_of_2(lines) if lines else 0,
-                    TRIGGER=pdl.trigger(), launch_pdl=on)
     if split:
         alloc = _nan_filled if POISON_WORKSPACE else torch.empty
         ws = alloc((splits, rows, n_rows), dtype=torch.float32, device=x.device)
@@ -313,7 +296,7 @@ def _gemv(
         BIAS=bias is not None and not split, RESIDUAL=residual is not None and not split,
         SILU_MUL=silu_mul and not split, GELU=gelu, SPLIT=split,
         EVEN_K=k % k_per == 0 and k_per % cfg.block_k == 0,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **opts, **pdl_args,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **opts,
     )
     if split:
         block = min(1024, triton.next_power_of_2(n))

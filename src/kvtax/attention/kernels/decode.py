@@ -20,7 +20,6 @@ import triton.language as tl
 from kvtax.attention.kernels.common import (
     attn_step, head_pointers, load_queries, sequence_of, split_range, tile_meta,
 )
-from kvtax.pdl import pdl_start, pdl_wait
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
@@ -37,12 +36,9 @@ def _decode_attn_split_kernel(
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
     F16_MATH: tl.constexpr, HAS_KV_START: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
-    PDL: tl.constexpr = False, TRIGGER: tl.constexpr = 1,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
-    pdl_start(PDL, TRIGGER > 0)  # kvtax.pdl: everything below reads what earlier kernels wrote
-    pdl_wait(PDL)
     b, h, length, num_slots, kv0 = sequence_of(
         pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring, IS_RING, HAS_LENS,
         HAS_KV_START)

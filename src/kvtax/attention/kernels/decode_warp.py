@@ -34,7 +34,6 @@ import triton.language as tl
 from kvtax.attention.kernels.common import (
     _dot_acc, _tanh, head_pointers, sequence_of, split_range, visible,
 )
-from kvtax.pdl import pdl_start, pdl_wait
 
 
 @triton.jit
@@ -417,13 +416,10 @@ def _decode_warp_kernel(
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
-    LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True, PDL: tl.constexpr = False,
-    TRIGGER: tl.constexpr = 1,
+    LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
-    pdl_start(PDL, TRIGGER, 1)
-    pdl_wait(PDL)
     b, h, length, num_slots, kv0 = sequence_of(
         pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring, IS_RING, HAS_LENS,
         HAS_KV_START)
@@ -522,7 +518,6 @@ def _decode_warp_kernel(
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
             HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
 
-    pdl_start(PDL, TRIGGER, 2)
     # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
     row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m
     tl.store(PartM + row, m_i, mask=m_row)

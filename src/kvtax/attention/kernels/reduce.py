@@ -13,8 +13,6 @@ no key), so partial attentions can be merged (kvtax.attention.lse).
 import triton
 import triton.language as tl
 
-from kvtax.pdl import pdl_start, pdl_wait
-
 
 @triton.jit(do_not_specialize=["n_q", "num_splits"])
 def _decode_attn_reduce_kernel(
@@ -22,11 +20,8 @@ def _decode_attn_reduce_kernel(
     s_ob, s_oh, s_ol, Lse,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, D_BLOCK: tl.constexpr,
     SPLITS_PAD: tl.constexpr, SPLIT_BLOCK: tl.constexpr, HAS_LSE: tl.constexpr,
-    PDL: tl.constexpr = False, TRIGGER: tl.constexpr = 1,
 ):
     pid_bh = tl.program_id(0)
-    pdl_start(PDL, TRIGGER > 0)  # kvtax.pdl: the next kernel (a GEMV) may launch and prefetch its weights
-    pdl_wait(PDL)
     r = tl.program_id(1)
     d0 = tl.program_id(2) * D_BLOCK
     n_rows = G * n_q

@@ -28,8 +28,6 @@ scale per row (codes written as their uint8 bit patterns).
 import triton
 import triton.language as tl
 
-from kvtax.pdl import pdl_start, pdl_wait
-
 
 @triton.jit
 def _round_to(x, DT: tl.constexpr):
@@ -198,7 +196,6 @@ def _quantize_store_kernel(
     V_FMT: tl.constexpr, V_GS: tl.constexpr, V_OUT: tl.constexpr, V_NG_P: tl.constexpr,
     POS_FROM_PTR: tl.constexpr, IS_RING: tl.constexpr, RECIP: tl.constexpr,
     BLOCK_R: tl.constexpr, D_P: tl.constexpr, HALF_P: tl.constexpr,
-    PDL: tl.constexpr = False, TRIGGER: tl.constexpr = 1,
 ):
     """Rows `[pid * BLOCK_R, +BLOCK_R)` of K (program_id(1) == 0) or V (== 1).
 
@@ -206,8 +203,6 @@ def _quantize_store_kernel(
     scales/biases strides s_?m_* (batch, head, slot). k_inv / v_inv: float32(1 / levels)
     (1 / 448 for fp8) when RECIP. p_pos: int `[1]` device position when POS_FROM_PTR.
     """
-    pdl_start(PDL, TRIGGER > 0)  # kvtax.pdl: the next kernel (attention) may launch now
-    pdl_wait(PDL)  # K/V rows, the position: written by earlier kernels
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = o_r < n_rows
     o_r = o_r.to(tl.int64)

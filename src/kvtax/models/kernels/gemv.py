@@ -19,8 +19,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kvtax.pdl import pdl_start, pdl_wait, prefetch_l2
-
 
 @triton.jit
 def _load_x(p_x, o_k, m_k, b_g, ss, NORM: tl.constexpr, EVEN_K: tl.constexpr):
@@ -87,8 +85,6 @@ def _gemv_kernel(
     RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr, GELU: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False, LINE: tl.constexpr = 64, PREFETCH_LINES: tl.constexpr = 0,
-    TRIGGER: tl.constexpr = 1,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -97,26 +93,14 @@ def _gemv_kernel(
     N counts output columns (SILU_MUL: gate rows [0, N), up rows [N, 2N) of W). Each split
     covers K_PER columns of K (a multiple of BLOCK_K). Rows of W past N are clamped to
     row N - 1 (read, never stored) so the W loads need no row mask.
-
-    PDL (kvtax.pdl): the program lets the next kernel launch, pulls the first
-    PREFETCH_LINES lines (LINE elements each) of its W rows into L2 — W does not depend
-    on the kernels before — and only then waits for the previous kernel, whose output x
-    is.
     """
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
-    pdl_start(PDL, TRIGGER, 1)
     o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     m_n = o_n < N
     o_w = tl.minimum(o_n, N - 1).to(tl.int64)
     p_w = W + o_w[:, None] * stride_wn  # [BLOCK_N, 1]
     p_u = W + (o_w + N)[:, None] * stride_wn  # up rows (SILU_MUL only)
-    if PDL and PREFETCH_LINES > 0:
-        o_p = tl.minimum(pid_s * K_PER + tl.arange(0, PREFETCH_LINES) * LINE, K - 1)
-        prefetch_l2(p_w + o_p[None, :], PDL)  # [BLOCK_N, PREFETCH_LINES] lines
-        if SILU_MUL:
-            prefetch_l2(p_u + o_p[None, :], PDL)
-    pdl_wait(PDL)
     acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -170,7 +154,6 @@ def _gemv_kernel(
             acc3 += b_w * b_x[None, :]
             if SILU_MUL:
                 up3 += b_u * b_x[None, :]
-    pdl_start(PDL, TRIGGER, 2)
     _finish_row(acc0, up0, ss0, 0, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
                 stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT)
     if ROWS > 1:
