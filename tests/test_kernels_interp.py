@@ -134,6 +134,80 @@ def test_warp_decode_split_orders(splits, strided):
     check(q, view, config=cfg, what=f"warp-splits{splits}-{strided}")
 
 
+# (spec, head_dim, h_kv, group, n_q, ctx, dtype): odd lengths, one or two scale groups
+# per row (int8 / int4 at D = 128 and int4-g32 at D = 64: two), GQA groups 1..4, L > 1
+AHEAD_CASES = [
+    ("int8", 64, 2, 4, 1, 130, torch.float16),
+    ("int8", 128, 1, 3, 2, 99, torch.bfloat16),
+    ("int4", 128, 1, 4, 1, 75, torch.float16),
+    ("int4-g32", 64, 1, 1, 5, 117, torch.float16),
+    ("fp8", 64, 1, 2, 1, 83, torch.float16),
+    ("fp16", 64, 1, 4, 3, 70, torch.float16),
+]
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+@pytest.mark.parametrize("strided", [True, False])
+@pytest.mark.parametrize("case", AHEAD_CASES, ids=lambda c: f"{c[0]}-D{c[1]}-ctx{c[5]}-L{c[4]}")
+def test_warp_decode_ahead(case, strided, lazy):
+    """decode_warp.py's AHEAD loop (each full tile's scores computed one iteration ahead,
+    the last look-ahead re-reading the split's last full tile) over split counts that
+    leave splits with several, one or no full tiles (16-slot tiles; 13 splits: more
+    splits than tiles), both tile orders, lazy and branch-free rescaling."""
+    from kvtax.attention.triton_api import warp_decode_config
+
+    spec, d, h_kv, group, n_q, ctx, dtype = case
+    q, view = build(spec, d=d, h_kv=h_kv, group=group, ctx=ctx, n_q=n_q, dtype=dtype,
+                    seed=ctx)
+    base = warp_decode_config(q, view, block_n=16, strided=strided, lazy=lazy, ahead=True)
+    assert base.kernel == "warp" and base.ahead and base.strided is strided
+    for splits in (1, 3, 13):
+        cfg = dataclasses.replace(base, num_splits=splits)
+        check(q, view, config=cfg, what=f"ahead-{spec}-splits{splits}-{strided}-{lazy}")
+
+
+@pytest.mark.parametrize("what", ["softcap", "lengths", "bytes", "min_dist", "window"])
+def test_warp_decode_ahead_paths(what):
+    """AHEAD with soft-capping, per-sequence device lengths (splits of each sequence hold
+    different full-tile counts), V read as bytes, the hybrid-cache masks (full tiles
+    between a masked head and a masked tail), and a sliding window (masked loops only)."""
+    from kvtax.attention.lse import attention_lse
+    from kvtax.attention.triton_api import triton_attention_lse, warp_decode_config
+
+    def cfg_for(q, view, splits, **kw):
+        cfg = warp_decode_config(q, view, block_n=16, ahead=True, **kw)
+        return dataclasses.replace(cfg, num_splits=splits)
+
+    if what == "softcap":
+        q, view = build("int8", d=128, h_kv=1, group=4, ctx=63, n_q=1)
+        check(q * 8, view, softcap=5.0, scale=0.2, config=cfg_for(q, view, 1), what=what)
+    elif what == "lengths":
+        q, view = build("int4-g128", d=128, h_kv=1, group=4, ctx=100, n_q=1, batch=2)
+        lens = torch.tensor([100, 41], dtype=torch.int32, device=DEVICE)
+        out = triton_attention(q, view, lengths=lens, config=cfg_for(q, view, 2))
+        for b, n in enumerate(lens.tolist()):
+            sub = dataclasses.replace(view, k=_batch(view.k, b), v=_batch(view.v, b), length=n)
+            ref = ke.attention_blockwise(q[b : b + 1].float(), sub)
+            ke.assert_close(out[b : b + 1].float(), ref, atol=2e-2, rel_rms=4e-3,
+                            what=f"{what}-b{b}")
+    elif what == "bytes":
+        q, view = build("int8", d=128, h_kv=1, group=4, ctx=99, n_q=1)
+        cfg = cfg_for(q, view, 2, v_pairs=False)
+        assert not cfg.v_pairs
+        check(q, view, config=cfg, what=what)
+    elif what == "min_dist":
+        q, view = build("int8", d=64, h_kv=1, group=4, ctx=130, n_q=2)
+        for splits in (1, 3):
+            out, lse = triton_attention_lse(q, view, min_distance=10, min_key=20,
+                                            config=cfg_for(q, view, splits))
+            ref_out, ref_lse = attention_lse(q.float(), view, min_distance=10, min_key=20)
+            ke.assert_close(out, ref_out, atol=2e-2, rel_rms=4e-3, what=f"{what}-{splits}")
+            ke.assert_close(lse, ref_lse, atol=1e-2, rel_rms=2e-3, what=f"{what}-{splits}")
+    else:
+        q, view = build("k8v4", d=64, h_kv=1, group=4, ctx=60, n_q=1, window=24, sinks=2)
+        check(q, view, config=cfg_for(q, view, 3), what=what)
+
+
 @pytest.mark.parametrize("splits", [5, 300])
 def test_split_reduce_merges_partials(splits):
     """The reduce kernel alone on random partials (some splits empty), both its one-shot
