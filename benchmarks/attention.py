@@ -74,10 +74,6 @@ SWEEP_DECODE = {
     "eager-s2r184sm11": dict(lazy=False, num_stages=2, maxnreg=184, per_sm=11),
     "eager-n16r128sm16": dict(lazy=False, block_n=16, maxnreg=128, per_sm=16),
     "eager-n16r168sm12": dict(lazy=False, block_n=16, maxnreg=168, per_sm=12),
-    # full tiles software-pipelined by hand: tile t + 1's scores beside tile t's softmax
-    # and P @ V (decode_warp.py's AHEAD)
-    "ah": dict(ahead=True), "ah-s2": dict(ahead=True, num_stages=2),
-    "ah-n16": dict(ahead=True, block_n=16),
 }
 # decode_packed.py variants (several KV heads per program; opt-in, measured slower)
 SWEEP_PACKED = {

@@ -65,7 +65,6 @@ class LaunchConfig:
     v_pairs: bool = True  # warp decode: int8/int4 V read as uint16 pairs where possible
     lazy: bool = True  # warp decode: rescale only when the max grows by > 2^8 (a branch)
     strided: bool = True  # warp decode: split s takes every S-th tile (False: one run)
-    ahead: bool = False  # warp decode: full tiles' scores one tile ahead of the softmax
 
 
 def _interpreting() -> bool:
@@ -165,7 +164,7 @@ def warp_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     block_n: int = 32, per_sm: int = 8, num_stages: int = 3, num_warps: int = 1,
     maxnreg: int | None = None, v_pairs: bool = True, lazy: bool = True,
-    strided: bool = True, ahead: bool = False,
+    strided: bool = True,
 ) -> LaunchConfig:
     """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
     wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
@@ -176,8 +175,7 @@ def warp_decode_config(
     want = max(1, per_sm * _sm_count(q.device) // bh)
     splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
     return LaunchConfig("decode", 16, block_n, num_warps, num_stages, splits, kernel="warp",
-                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided,
-                        ahead=ahead)
+                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided)
 
 
 def packed_decode_config(
@@ -556,8 +554,7 @@ def _warp_args(view: CacheView, dtype: torch.dtype, cfg: LaunchConfig, common: d
     v_ng, v_dt = side(view.spec.value)
     args = {k: common[k] for k in _ONE_WARP_KEYS}
     args.update(K_NG=k_ng, V_NG=v_ng, K_DT=k_dt, V_DT=v_dt, ASM=not _interpreting(),
-                V_PAIRS=cfg.v_pairs and _v_pairs(view), LAZY=cfg.lazy, STRIDED=cfg.strided,
-                AHEAD=cfg.ahead)
+                V_PAIRS=cfg.v_pairs and _v_pairs(view), LAZY=cfg.lazy, STRIDED=cfg.strided)
     if cfg.maxnreg and not _interpreting():
         args["maxnreg"] = cfg.maxnreg
     return args

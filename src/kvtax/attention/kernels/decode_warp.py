@@ -26,13 +26,6 @@ a power-of-two head dim; the wrapper routes other shapes to `decode.py`.
 HAS_MIN_DIST (constexpr, off by default) hides keys closer than `min_dist` to the query
 or before `min_key` (one part of a hybrid cache); tiles every row still sees whole keep
 the unmasked path.
-
-AHEAD (constexpr, off by default) pipelines the unmasked tiles by hand: an iteration
-computes tile t + 1's scores (K load, dots, scale fold, soft-cap) and tile t's softmax
-and P @ V, the scores carried over in the loop state, so the one warp has two
-independent chains to interleave instead of one (the loop is bound by its dependency
-chain, not by issue slots: notes/KERNELS.md, session 7). The last iteration's look-ahead
-re-reads the split's last full tile and drops its scores.
 """
 
 import triton
@@ -306,27 +299,41 @@ def _rescale(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_ti
 
 
 @triton.jit
-def _scores(q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, ks_lo, kb_lo, ks_hi, kb_hi, length,
-            kv0, p_kc, p_ks, p_kb, s_kc, s_km, sinks, ring, window, qk_scale, cap_log2,
-            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            K_FMT: tl.constexpr, K_NG: tl.constexpr, K_DT: tl.constexpr,
-            LOAD_META: tl.constexpr, MASKED: tl.constexpr, IS_RING: tl.constexpr,
-            HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
-            HAS_KV_START: tl.constexpr, ASM: tl.constexpr, min_dist, min_key,
-            HAS_MIN_DIST: tl.constexpr):
-    """Scores `[BLOCK_M, BLOCK_N]` f32 (base 2) of slots `[start, start + BLOCK_N)`: the K
-    tile's dots with the K scales and biases folded in, soft-capped, and (MASKED) -inf
-    where a row does not see a slot or the slot is past `hi`. MASKED=False: the whole tile
-    is read unmasked and every row sees every slot. LOAD_META: the tile's K scales and
-    biases are loaded here (`_meta`), else ks_lo..kb_hi are they (loaded by the caller)."""
+def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+          vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
+          length, kv0, p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc, s_km, s_vc, s_vm,
+          sinks, ring, window, qk_scale, cap_log2, HEAD_DIM: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
+          K_DT: tl.constexpr, V_DT: tl.constexpr, MASKED: tl.constexpr,
+          IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+          IEEE: tl.constexpr, HAS_KV_START: tl.constexpr, ASM: tl.constexpr,
+          V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr,
+          LAZY: tl.constexpr):
+    """One online-softmax step over slots `[start, start + BLOCK_N)` (see the kernel).
+
+    State: acc_lo/acc_hi `[BLOCK_M, D/2]` f32 in units of t_v (V_PAIRS: acc_lo, acc_hi,
+    acc_c, acc_d `[BLOCK_M, D/4]` for `_v_pairs`' four dim sets), bias_lo/bias_hi
+    `[BLOCK_M]` (sum of P * V bias), m_i/l_i `[BLOCK_M]` (base 2), t_v the V scale
+    reference, vs_lo..vb_hi this tile's V scales and biases (`_meta`; the step returns
+    the next tile's, `start + step`, loaded at its start). q_lo/q_hi the K operands'
+    queries, qs_lo/qs_hi their row sums. MASKED=False: every row sees every slot of the tile.
+
+    Why the V metadata is prefetched by hand: Triton's pipeliner staged the codes and the
+    K metadata through cp.async but left one V metadata load inside the iteration that
+    needs it, and Nsight Compute showed 31% of the warps' stall cycles waiting on it
+    (H200, int8 at 128k, notes/KERNELS.md).
+    """
+    o_next = start + step + tl.arange(0, BLOCK_N)
+    nvs_lo, nvb_lo, nvs_hi, nvb_hi = _meta(p_vs, p_vb, start + step, o_next < hi, s_vm,
+                                           BLOCK_N, V_FMT, V_NG)
     o_n = start + tl.arange(0, BLOCK_N)  # int32: slot counts stay below 2^31
     if MASKED:
         m_n = o_n < hi
     else:
         m_n = None
     k_lo, k_hi = _operands(p_kc, o_n, m_n, s_kc, HEAD_DIM, K_FMT, K_DT, ASM)
-    if LOAD_META:
-        ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, start, m_n, s_km, BLOCK_N, K_FMT, K_NG)
+    ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, start, m_n, s_km, BLOCK_N, K_FMT, K_NG)
     zeros_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if K_FMT == 0:
         s = _dot_acc(q_hi, tl.trans(k_hi), _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
@@ -347,14 +354,6 @@ def _scores(q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, ks_lo, kb_lo, ks_hi, kb_
         vis = visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING, HAS_WINDOW,
                       HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
         s = tl.where(vis, s, float("-inf"))
-    return s
-
-
-@triton.jit
-def _softmax_max(s, acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, vs_lo,
-                 vs_hi, V_FMT: tl.constexpr, V_PAIRS: tl.constexpr, LAZY: tl.constexpr):
-    """First half of a tile's online softmax: move the running max (and the V scale
-    reference) for scores `s`, rescaling the state (see `_step`)."""
     # Lazy rescaling: the running max moves (and acc, l are rescaled) only when some
     # row's max grew by more than 2^8, or this tile's V scales outgrew t_v by 2^6;
     # otherwise P may reach 2^8 and P * s / t_v 2^14, both well inside fp16. Most tiles
@@ -371,22 +370,6 @@ def _softmax_max(s, acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v) = _rescale(
             acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_tile, v_top,
             V_PAIRS)
-    return acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v
-
-
-@triton.jit
-def _softmax_pv(s, acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-                vs_lo, vb_lo, vs_hi, vb_hi, start, hi, p_vc, s_vc, HEAD_DIM: tl.constexpr,
-                BLOCK_N: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
-                V_DT: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr,
-                ASM: tl.constexpr, V_PAIRS: tl.constexpr):
-    """Second half of a tile's online softmax, after `_softmax_max`: P = 2^(s - m), the
-    denominators, P @ V of slots `[start, start + BLOCK_N)` and the V bias sums."""
-    o_n = start + tl.arange(0, BLOCK_N)
-    if MASKED:
-        m_n = o_n < hi
-    else:
-        m_n = None
     m_base = tl.where(m_i == float("-inf"), 0.0, m_i)
     p = tl.exp2(s - m_base[:, None])
     l_i += tl.sum(p, 1)
@@ -409,50 +392,6 @@ def _softmax_pv(s, acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v
             bias_hi = bias_lo
         else:
             bias_hi += tl.sum(p * vb_hi[None, :], 1)
-    return acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, l_i
-
-
-@triton.jit
-def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-          vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
-          length, kv0, p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc, s_km, s_vc, s_vm,
-          sinks, ring, window, qk_scale, cap_log2, HEAD_DIM: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
-          K_DT: tl.constexpr, V_DT: tl.constexpr, MASKED: tl.constexpr,
-          IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-          IEEE: tl.constexpr, HAS_KV_START: tl.constexpr, ASM: tl.constexpr,
-          V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr,
-          LAZY: tl.constexpr):
-    """One online-softmax step over slots `[start, start + BLOCK_N)` (see the kernel):
-    `_scores`, then `_softmax_max` and `_softmax_pv`.
-
-    State: acc_lo/acc_hi `[BLOCK_M, D/2]` f32 in units of t_v (V_PAIRS: acc_lo, acc_hi,
-    acc_c, acc_d `[BLOCK_M, D/4]` for `_v_pairs`' four dim sets), bias_lo/bias_hi
-    `[BLOCK_M]` (sum of P * V bias), m_i/l_i `[BLOCK_M]` (base 2), t_v the V scale
-    reference, vs_lo..vb_hi this tile's V scales and biases (`_meta`; the step returns
-    the next tile's, `start + step`, loaded at its start). q_lo/q_hi the K operands'
-    queries, qs_lo/qs_hi their row sums. MASKED=False: every row sees every slot of the tile.
-
-    Why the V metadata is prefetched by hand: Triton's pipeliner staged the codes and the
-    K metadata through cp.async but left one V metadata load inside the iteration that
-    needs it, and Nsight Compute showed 31% of the warps' stall cycles waiting on it
-    (H200, int8 at 128k, notes/KERNELS.md).
-    """
-    o_next = start + step + tl.arange(0, BLOCK_N)
-    nvs_lo, nvb_lo, nvs_hi, nvb_hi = _meta(p_vs, p_vb, start + step, o_next < hi, s_vm,
-                                           BLOCK_N, V_FMT, V_NG)
-    s = _scores(q_lo, q_hi, qs_lo, qs_hi, q_pos, start, hi, 0.0, 0.0, 0.0, 0.0, length, kv0,
-                p_kc, p_ks, p_kb, s_kc, s_km, sinks, ring, window, qk_scale, cap_log2,
-                HEAD_DIM, BLOCK_M, BLOCK_N, K_FMT, K_NG, K_DT, True, MASKED, IS_RING,
-                HAS_WINDOW, SOFTCAP, IEEE, HAS_KV_START, ASM, min_dist, min_key, HAS_MIN_DIST)
-    acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v = _softmax_max(
-        s, acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, vs_lo, vs_hi, V_FMT,
-        V_PAIRS, LAZY)
-    acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, l_i = _softmax_pv(
-        s, acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, vs_lo, vb_lo, vs_hi,
-        vb_hi, start, hi, p_vc, s_vc, HEAD_DIM, BLOCK_N, V_FMT, V_NG, V_DT, MASKED, IEEE, ASM,
-        V_PAIRS)
     return (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
             nvs_lo, nvb_lo, nvs_hi, nvb_hi)
 
@@ -478,7 +417,6 @@ def _decode_warp_kernel(
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
     LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True,
-    AHEAD: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -559,67 +497,16 @@ def _decode_warp_kernel(
                 sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                 K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
                 IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
-    if AHEAD and not (IS_RING or HAS_WINDOW or HAS_KV_START):
-        # the full tiles one tile ahead: each iteration computes the next tile's scores
-        # (K load, dots, fold) beside this tile's softmax and P @ V, two independent
-        # chains for the one warp (see the module docstring); s carries the scores over.
-        # Triton's pipeliner stages only loads that feed a dot in the same iteration, so
-        # the K metadata (folded into scores the next iteration uses) is prefetched by
-        # hand like the V metadata: loaded one iteration before its tile's scores
-        full_first = _first(full_lo, off, step)
-        # the last full tile: the last iterations' look-aheads re-read it (unmasked, in
-        # bounds) and drop what they computed
-        last_full = full_first + (tl.cdiv(full_end - full_first, step) - 1) * step
-        s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        ks_lo = tl.zeros([BLOCK_N], dtype=tl.float32)
-        kb_lo = ks_lo
-        ks_hi = ks_lo
-        kb_hi = ks_lo
-        if full_first < full_end:  # a split with no full tile reads nothing here
-            ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, full_first, None, s_km_t, BLOCK_N,
-                                               K_FMT, K_NG)
-            s = _scores(q_lo, q_hi, qs_lo, qs_hi, q_pos, full_first, hi, ks_lo, kb_lo, ks_hi,
-                        kb_hi, length, kv0, p_kc, p_ks, p_kb, s_kc_t, s_km_t, sinks, ring,
-                        window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N, K_FMT, K_NG,
-                        K_DT, False, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, HAS_KV_START,
-                        ASM, min_dist, min_key, HAS_MIN_DIST)
-            ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, tl.minimum(full_first + step,
-                                                                      last_full),
-                                               None, s_km_t, BLOCK_N, K_FMT, K_NG)
-        for start in range(full_first, full_end, step):
-            o_next = start + step + tl.arange(0, BLOCK_N)
-            nvs_lo, nvb_lo, nvs_hi, nvb_hi = _meta(p_vs, p_vb, start + step, o_next < hi,
-                                                   s_vm_t, BLOCK_N, V_FMT, V_NG)
-            nks_lo, nkb_lo, nks_hi, nkb_hi = _meta(p_ks, p_kb, tl.minimum(start + 2 * step,
-                                                                          last_full),
-                                                   None, s_km_t, BLOCK_N, K_FMT, K_NG)
-            acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v = _softmax_max(
-                s, acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, vs_lo,
-                vs_hi, V_FMT, V_PAIRS, LAZY)
-            s_next = _scores(q_lo, q_hi, qs_lo, qs_hi, q_pos, tl.minimum(start + step, last_full),
-                             hi, ks_lo, kb_lo, ks_hi, kb_hi, length, kv0, p_kc, p_ks, p_kb,
-                             s_kc_t, s_km_t, sinks, ring, window, qk_scale, cap_log2, HEAD_DIM,
-                             BLOCK_M, BLOCK_N, K_FMT, K_NG, K_DT, False, False, IS_RING,
-                             HAS_WINDOW, SOFTCAP, IEEE, HAS_KV_START, ASM, min_dist, min_key,
-                             HAS_MIN_DIST)
-            acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, l_i = _softmax_pv(
-                s, acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, vs_lo,
-                vb_lo, vs_hi, vb_hi, start, hi, p_vc, s_vc_t, HEAD_DIM, BLOCK_N, V_FMT, V_NG,
-                V_DT, False, IEEE, ASM, V_PAIRS)
-            s = s_next
-            ks_lo, kb_lo, ks_hi, kb_hi = nks_lo, nkb_lo, nks_hi, nkb_hi
-            vs_lo, vb_lo, vs_hi, vb_hi = nvs_lo, nvb_lo, nvs_hi, nvb_hi
-    else:
-        for start in range(_first(full_lo, off, step), full_end, step):
-            (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-             vs_lo, vb_lo, vs_hi, vb_hi) = _step(
-                acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-                vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
-                length, kv0,
-                p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
-                sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
-                K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP,
-                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
+    for start in range(_first(full_lo, off, step), full_end, step):
+        (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+         vs_lo, vb_lo, vs_hi, vb_hi) = _step(
+            acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
+            length, kv0,
+            p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
+            sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+            K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
     for start in range(_first(full_end, off, step), hi, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
