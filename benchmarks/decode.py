@@ -139,7 +139,8 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     try:
-        fill_random(caches, model, ctx, args.batch)
+        # chunks no longer than the runner's: sliding layers' rings are sized for them
+        fill_random(caches, model, ctx, args.batch, chunk=runner.chunk_size)
         kv_bytes = sum(c.used_nbytes for c in caches)
         tok = torch.randint(0, model.config.vocab_size, (args.batch, 1), device=dev)
         for _ in range(args.warmup):

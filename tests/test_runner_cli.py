@@ -54,6 +54,22 @@ def test_decode_benchmark_smoke(tmp_path, capsys) -> None:
     assert "| 128 | int4 |" in capsys.readouterr().out
 
 
+def test_decode_benchmark_fills_sliding_layers_past_one_chunk(tmp_path) -> None:
+    """Gemma 3's sliding layers have rings sized for the runner's chunk: the cache fill
+    must append in chunks no longer than it (it used 8192 and failed every cell past 2048
+    tokens on the H200, session 8)."""
+    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    out = tmp_path / "decode.json"
+    assert bench.main(["--device", "cpu", "--config", "tiny-gemma3", "--contexts", "2100",
+                       "--kv", "int8", "--tokens", "2", "--warmup", "1", "--bw-mib", "32",
+                       "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "error" not in row, row
+    assert row["steps"] == 2
+
+
 def test_decode_benchmark_parses_contexts() -> None:
     spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
     bench = importlib.util.module_from_spec(spec)
