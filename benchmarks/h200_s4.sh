@@ -10,10 +10,7 @@
 # Usage: OUT=$OUT bash benchmarks/h200_s4.sh N   (results: $OUT/r.tgz)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?}"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-R=$OUT/r; mkdir -p "$R"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv > "$R/gpu.txt"
+source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
 ATTN="python3 benchmarks/attention.py --phases decode --kernel-times"
 case ${1:?call number} in
 1)

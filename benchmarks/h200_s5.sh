@@ -20,10 +20,8 @@
 # Usage: OUT=$OUT bash benchmarks/h200_s5.sh part N | recall | check   (results: $OUT/r.tgz)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?}"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-R=$OUT/r; mkdir -p "$R" /tmp/qw
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv > "$R/gpu.txt"
+source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
+mkdir -p /tmp/qw
 G=/tmp/qw/qwen.gguf
 case ${1:?what} in
 part)

@@ -24,11 +24,7 @@
 # Usage: OUT=$OUT bash benchmarks/h200_s6.sh pattern [quick]|ncu|strided|packed|model|clocks|aligned|variants|stages   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?}"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-R=$OUT/r; mkdir -p "$R"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv > "$R/gpu.txt"
-python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$R/gpu.txt"
+source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
 NCU="ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters --section Occupancy --print-details all"
 case ${1:?what} in
 pattern)

@@ -15,12 +15,7 @@
 # Usage: OUT=$OUT bash benchmarks/h200_s7.sh subs|model|gemv [args]   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-: "${OUT:?}"
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-R=$OUT/r; mkdir -p "$R"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv > "$R/gpu.txt"
-python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$R/gpu.txt"
-XDIST=""; python3 -c "import xdist" 2>/dev/null && XDIST="-n 12"
+source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
 what=${1:?what}; shift
 case $what in
 subs)

@@ -1,0 +1,10 @@
+# The preamble the H200 device scripts (h200_s*.sh) share; sourced from the repo root with
+# $OUT set (the device tool's output folder). Sets PYTHONPATH to this checkout's src/,
+# R=$OUT/r (created), writes $R/gpu.txt (GPU, driver, clocks, power; torch, its CUDA,
+# triton) and XDIST (pytest-xdist's "-n 12" where the machine has it, else empty).
+: "${OUT:?set OUT to the device call's output folder}"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+R=$OUT/r; mkdir -p "$R"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv > "$R/gpu.txt"
+python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)" >> "$R/gpu.txt"
+XDIST=""; python3 -c "import xdist" 2>/dev/null && XDIST="-n 12"
