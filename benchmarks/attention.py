@@ -45,7 +45,7 @@ from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E
 from kvtax.cache import FullCache  # noqa: E402
 
 KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8",
-         "kvtax-int8hk": "int8+hk", "kvtax-int8g32": "int8-g32", "kvtax-int4g32": "int4-g32"}
+         "kvtax-int8hk": "int8+hk"}
 ALL_ARMS = [
     *KVTAX, "sdpa-flash", "sdpa-cudnn", "hf-dequant-sdpa-int8", "hf-dequant-sdpa-int4",
     "unfused-int8", "unfused-int4",
@@ -74,10 +74,6 @@ SWEEP_DECODE = {
     "eager-s2r184sm11": dict(lazy=False, num_stages=2, maxnreg=184, per_sm=11),
     "eager-n16r128sm16": dict(lazy=False, block_n=16, maxnreg=128, per_sm=16),
     "eager-n16r168sm12": dict(lazy=False, block_n=16, maxnreg=168, per_sm=12),
-    # groups narrower than half a row (e.g. int8-g32) dequantized in registers (the
-    # default sends those to the tile kernel, "tile")
-    "dq": dict(dequant=True), "dq-s2": dict(dequant=True, num_stages=2),
-    "dq-n16": dict(dequant=True, block_n=16),
 }
 # decode_packed.py variants (several KV heads per program; opt-in, measured slower)
 SWEEP_PACKED = {

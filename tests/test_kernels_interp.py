@@ -368,33 +368,3 @@ def test_view_length_tensor_is_read():
     out = triton_attention(q, short)
     ref = ke.attention_blockwise(q.float(), dataclasses.replace(view, length=41))
     ke.assert_close(out.float(), ref, atol=2e-2, rel_rms=4e-3, what="length_t")
-
-
-@pytest.mark.parametrize(
-    "spec, d, group, n_q, ctx, window, dtype",
-    [("int8-g32", 128, 4, 1, 130, None, torch.float16),  # four groups per row
-     ("int4-g32", 128, 4, 2, 75, None, torch.float16),
-     ("int8-g16", 64, 2, 1, 70, None, torch.bfloat16),
-     ("int8", 256, 2, 1, 40, None, torch.float16),  # Gemma's head_dim, g64: four groups
-     ("int4-g16", 64, 4, 1, 60, 24, torch.float16),  # a ring: the masked path
-     ("kint8-g32vint4", 128, 4, 1, 99, None, torch.float16)],  # only K dequantized
-)
-@pytest.mark.parametrize("splits", [1, 5])
-def test_warp_decode_dequantizes_narrow_groups(spec, d, group, n_q, ctx, window, dtype,
-                                               splits):
-    """decode_warp with `dequant`: int8/int4 whose scale groups are narrower than half a
-    row (which the fold cannot take) dequantized in registers, every group its own scale
-    and bias; without `dequant` such caches are refused (the tile kernel serves them)."""
-    import dataclasses
-
-    from kvtax.attention.triton_api import triton_attention, warp_decode_config
-    from kvtax.errors import ShapeError
-
-    q, view = build(spec, d=d, h_kv=2, group=group, ctx=ctx, n_q=n_q, window=window,
-                    sinks=2 if window else 0, dtype=dtype)
-    cfg = dataclasses.replace(warp_decode_config(q, view, block_n=16, dequant=True),
-                              num_splits=splits)
-    assert cfg.kernel == "warp" and cfg.dequant
-    check(q, view, config=cfg, what=f"dequant-{spec}-d{d}-s{splits}")
-    with pytest.raises(ShapeError, match="group size"):
-        triton_attention(q, view, config=dataclasses.replace(cfg, dequant=False))

@@ -65,9 +65,6 @@ class LaunchConfig:
     v_pairs: bool = True  # warp decode: int8/int4 V read as uint16 pairs where possible
     lazy: bool = True  # warp decode: rescale only when the max grows by > 2^8 (a branch)
     strided: bool = True  # warp decode: split s takes every S-th tile (False: one run)
-    # warp decode: int8/int4 with groups narrower than half a row dequantized in registers
-    # (no fold; e.g. int8 g64 at head_dim 256, Gemma); off: those go to the tile kernel
-    dequant: bool = False
 
 
 def _interpreting() -> bool:
@@ -167,7 +164,7 @@ def warp_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     block_n: int = 32, per_sm: int = 8, num_stages: int = 3, num_warps: int = 1,
     maxnreg: int | None = None, v_pairs: bool = True, lazy: bool = True,
-    strided: bool = True, dequant: bool = False,
+    strided: bool = True,
 ) -> LaunchConfig:
     """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
     wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
@@ -178,8 +175,7 @@ def warp_decode_config(
     want = max(1, per_sm * _sm_count(q.device) // bh)
     splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
     return LaunchConfig("decode", 16, block_n, num_warps, num_stages, splits, kernel="warp",
-                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided,
-                        dequant=dequant)
+                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided)
 
 
 def packed_decode_config(
@@ -489,7 +485,7 @@ def _triton_attention(
             V_NG=d // view.spec.value.group_size, ASM=not _interpreting(), **args,
         )
     elif cfg.kernel == "warp":
-        reason = _warp_reason(view, cfg.dequant)
+        reason = _warp_reason(view)
         if reason is not None or cfg.block_m < rows:
             raise ShapeError(f"decode_warp kernel cannot run this call: {reason or 'rows'}")
         _decode_warp_kernel[(b * h_kv, splits)](
@@ -520,17 +516,16 @@ _ONE_WARP_KEYS = ("G", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "K_FMT", "V_FMT", "IS_R
                   "num_stages")
 
 
-def _warp_reason(view: CacheView, dequant: bool = False) -> str | None:
+def _warp_reason(view: CacheView) -> str | None:
     """None when decode_warp.py serves this cache: head dim a power of two from 32 to
-    256, integer formats with at most one scale group per half row (group >= D/2; with
-    `dequant`, narrower groups too, dequantized in registers) and packed scale rows.
-    Otherwise the tile kernel (decode.py) runs."""
+    256, integer formats with at most one scale group per half row (group >= D/2) and
+    packed scale rows. Otherwise the tile kernel (decode.py) runs."""
     d = view.head_dim
     if d & (d - 1) or not 32 <= d <= 256:
         return f"head_dim {d} is not a power of two in [32, 256]"
     for part, fmt, qt in (("key", view.spec.key, view.k), ("value", view.spec.value, view.v)):
         if isinstance(fmt, AffineFormat):
-            if fmt.group_size < d // 2 and not dequant:
+            if fmt.group_size < d // 2:
                 return f"{part} group size {fmt.group_size} < head_dim / 2"
             if qt.scales.stride(-2) != d // fmt.group_size:
                 return f"{part} scale rows are not packed"
@@ -544,14 +539,8 @@ def _warp_args(view: CacheView, dtype: torch.dtype, cfg: LaunchConfig, common: d
     tl_dtype = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
     ieee = common["IEEE"]
 
-    def side(fmt: KVFormat) -> tuple[int, object, int, int, int]:
-        """(groups per row, operand dtype, format code the fold sees, codes, dequant
-        group size: 0 = fold)."""
+    def side(fmt: KVFormat) -> tuple[int, object]:
         code, gs = _format_code(fmt)  # type: ignore[misc]
-        if code in (1, 2) and gs < view.head_dim // 2:  # cfg.dequant (_warp_reason)
-            # dequantized values go to the dots as a float cache's rows would
-            dt = tl.float32 if ieee else tl.float16 if dtype == torch.float16 else tl.bfloat16
-            return 1, dt, 0, code, gs
         ng = view.head_dim // gs if code in (1, 2) else 1
         if ieee:
             dt = tl.float32
@@ -559,15 +548,13 @@ def _warp_args(view: CacheView, dtype: torch.dtype, cfg: LaunchConfig, common: d
             dt = tl_dtype[view.k.codes.dtype if fmt is view.spec.key else view.v.codes.dtype]
         else:  # centered codes and fp8 values are exact in fp16
             dt = tl.float16
-        return ng, dt, code, code, 0
+        return ng, dt
 
-    k_ng, k_dt, k_fmt, k_codes, k_gs = side(view.spec.key)
-    v_ng, v_dt, v_fmt, v_codes, v_gs = side(view.spec.value)
+    k_ng, k_dt = side(view.spec.key)
+    v_ng, v_dt = side(view.spec.value)
     args = {k: common[k] for k in _ONE_WARP_KEYS}
     args.update(K_NG=k_ng, V_NG=v_ng, K_DT=k_dt, V_DT=v_dt, ASM=not _interpreting(),
-                V_PAIRS=cfg.v_pairs and _v_pairs(view) and not v_gs, LAZY=cfg.lazy,
-                STRIDED=cfg.strided, K_FMT=k_fmt, V_FMT=v_fmt, K_CODES=k_codes, K_GS=k_gs,
-                V_CODES=v_codes, V_GS=v_gs)
+                V_PAIRS=cfg.v_pairs and _v_pairs(view), LAZY=cfg.lazy, STRIDED=cfg.strided)
     if cfg.maxnreg and not _interpreting():
         args["maxnreg"] = cfg.maxnreg
     return args

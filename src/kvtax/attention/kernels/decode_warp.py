@@ -20,11 +20,8 @@ and nothing large cancels in the float32 accumulator. `P * s` is taken relative 
 tile's largest scale so the fp16 operand keeps its precision.
 
 Formats: 0 float (the cache dtype is fed to the dots as is), 1 int8, 2 int4 (split
-halves), 3 fp8 e4m3 (codes passed as uint8). Integer formats fold with group size >= D/2;
-narrower groups (e.g. int8 g64 at head_dim 256) are dequantized in registers instead
-(K_GS / V_GS > 0: the format is passed as 0, float, and K_CODES / V_CODES say how to
-unpack; `_operands`), with no fold. A power-of-two head dim; the wrapper routes other
-shapes to `decode.py`.
+halves), 3 fp8 e4m3 (codes passed as uint8). Integer formats need group size >= D/2 and
+a power-of-two head dim; the wrapper routes other shapes to `decode.py`.
 
 HAS_MIN_DIST (constexpr, off by default) hides keys closer than `min_dist` to the query
 or before `min_key` (one part of a hybrid cache); tiles every row still sees whole keep
@@ -140,15 +137,10 @@ def _load(p, m):
 
 @triton.jit
 def _operands(p_codes, o_n, m_n, s_ct, HEAD_DIM: tl.constexpr, FMT: tl.constexpr,
-              DT: tl.constexpr, ASM: tl.constexpr, p_s=None, p_b=None, s_mt=0,
-              CODES: tl.constexpr = 0, GS: tl.constexpr = 0):
+              DT: tl.constexpr, ASM: tl.constexpr):
     """Tile of slots `o_n` (int32) as MMA operands: lo, hi `[BLOCK_N, D/2]` in DT.
 
     Float formats: the stored rows. int8/int4: centered codes. fp8: decoded values.
-    GS > 0 (FMT is then 0, the float view the rest of the kernel takes): codes of format
-    CODES (1 int8, 2 int4) dequantized in registers, s * c + b with one scale and bias
-    per GS dims (scales/biases at p_s/p_b, s_mt apart per slot, groups packed) — for
-    groups narrower than half a row, which the folded path cannot take.
     Slots where `m_n` is False read code 0 (their scores are masked, their P is 0);
     m_n None loads the whole tile unmasked.
     """
@@ -156,17 +148,6 @@ def _operands(p_codes, o_n, m_n, s_ct, HEAD_DIM: tl.constexpr, FMT: tl.constexpr
     o_d = tl.arange(0, DH)
     p_row = p_codes + o_n[:, None].to(tl.int64) * s_ct + o_d[None, :]
     m = None if m_n is None else m_n[:, None]
-    if GS > 0:
-        lo, hi = _codes(p_row, m, DH, CODES, ASM)
-        lo, hi = _dequantized(lo, hi, p_s, p_b, o_n, m_n, s_mt, DH, CODES, GS)
-    else:
-        lo, hi = _codes(p_row, m, DH, FMT, ASM)
-    return lo.to(DT), hi.to(DT)
-
-
-@triton.jit
-def _codes(p_row, m, DH: tl.constexpr, FMT: tl.constexpr, ASM: tl.constexpr):
-    """`_operands`' tile before any scaling: lo, hi `[BLOCK_N, D/2]` (see there)."""
     if FMT == 2:
         byte = _load(p_row, m)
         if ASM:
@@ -189,29 +170,7 @@ def _codes(p_row, m, DH: tl.constexpr, FMT: tl.constexpr, ASM: tl.constexpr):
         else:
             lo = r_lo
             hi = r_hi
-    return lo, hi
-
-
-@triton.jit
-def _dequantized(lo, hi, p_s, p_b, o_n, m_n, s_mt, DH: tl.constexpr, FMT: tl.constexpr,
-                 GS: tl.constexpr):
-    """Centered int8/int4 codes lo, hi `[BLOCK_N, D/2]` → float32 s * (c + OFF) + b, the
-    row's groups (GS dims each) in order: lo takes groups [0, D / 2GS), hi the rest."""
-    NGH: tl.constexpr = DH // GS
-    OFF: tl.constexpr = 128.0 if FMT == 1 else 8.0
-    BLOCK_N: tl.constexpr = lo.shape[0]
-    o_g = tl.arange(0, NGH)
-    p_m = o_n[:, None].to(tl.int64) * s_mt + o_g[None, :]  # [BLOCK_N, NGH]
-    m = None if m_n is None else m_n[:, None]
-    s_lo = _load(p_s + p_m, m).to(tl.float32)
-    b_lo = _load(p_b + p_m, m).to(tl.float32) + OFF * s_lo
-    s_hi = _load(p_s + p_m + NGH, m).to(tl.float32)
-    b_hi = _load(p_b + p_m + NGH, m).to(tl.float32) + OFF * s_hi
-    lo = (tl.reshape(lo.to(tl.float32), (BLOCK_N, NGH, GS)) * s_lo[:, :, None]
-          + b_lo[:, :, None])
-    hi = (tl.reshape(hi.to(tl.float32), (BLOCK_N, NGH, GS)) * s_hi[:, :, None]
-          + b_hi[:, :, None])
-    return tl.reshape(lo, (BLOCK_N, DH)), tl.reshape(hi, (BLOCK_N, DH))
+    return lo.to(DT), hi.to(DT)
 
 
 @triton.jit
@@ -350,8 +309,7 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
           IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
           IEEE: tl.constexpr, HAS_KV_START: tl.constexpr, ASM: tl.constexpr,
           V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr,
-          LAZY: tl.constexpr, K_CODES: tl.constexpr, K_GS: tl.constexpr,
-          V_CODES: tl.constexpr, V_GS: tl.constexpr):
+          LAZY: tl.constexpr):
     """One online-softmax step over slots `[start, start + BLOCK_N)` (see the kernel).
 
     State: acc_lo/acc_hi `[BLOCK_M, D/2]` f32 in units of t_v (V_PAIRS: acc_lo, acc_hi,
@@ -374,8 +332,7 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
         m_n = o_n < hi
     else:
         m_n = None
-    k_lo, k_hi = _operands(p_kc, o_n, m_n, s_kc, HEAD_DIM, K_FMT, K_DT, ASM, p_ks, p_kb, s_km,
-                           K_CODES, K_GS)
+    k_lo, k_hi = _operands(p_kc, o_n, m_n, s_kc, HEAD_DIM, K_FMT, K_DT, ASM)
     ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, start, m_n, s_km, BLOCK_N, K_FMT, K_NG)
     zeros_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if K_FMT == 0:
@@ -426,8 +383,7 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
         acc_c = _dot_acc(p_hi, v_c, acc_c, IEEE)
         acc_d = _dot_acc(p_hi, v_d, acc_d, IEEE)
     else:
-        v_lo, v_hi = _operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM, p_vs, p_vb,
-                               s_vm, V_CODES, V_GS)
+        v_lo, v_hi = _operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
         acc_lo = _pv(acc_lo, p, v_lo, vs_lo, inv_t, V_DT, V_FMT, IEEE)
         acc_hi = _pv(acc_hi, p, v_hi, vs_hi, inv_t, V_DT, V_FMT, IEEE)
     if V_FMT == 1 or V_FMT == 2:
@@ -461,8 +417,6 @@ def _decode_warp_kernel(
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
     LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True,
-    K_CODES: tl.constexpr = 0, K_GS: tl.constexpr = 0, V_CODES: tl.constexpr = 0,
-    V_GS: tl.constexpr = 0,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -542,8 +496,7 @@ def _decode_warp_kernel(
                 p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
                 sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                 K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
-                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY,
-                K_CODES, K_GS, V_CODES, V_GS)
+                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
     for start in range(_first(full_lo, off, step), full_end, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
@@ -553,8 +506,7 @@ def _decode_warp_kernel(
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY,
-            K_CODES, K_GS, V_CODES, V_GS)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
     for start in range(_first(full_end, off, step), hi, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
@@ -564,8 +516,7 @@ def _decode_warp_kernel(
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY,
-            K_CODES, K_GS, V_CODES, V_GS)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
 
     # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
     row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m
