@@ -160,6 +160,16 @@ def test_layer_overrides_build_those_layers_in_their_format() -> None:
         check_config(QualityConfig(contexts=[64], tail=8, kvs=["int8/L0:int5"]))
 
 
+def test_run_refuses_unknown_layers_before_any_cell(tmp_path, tiny) -> None:
+    """A layer override past the model's last layer fails up front, not when its arm's
+    first cell comes (after the other arms' passes) and before any run folder is made."""
+    n = len(tiny.model.config.layer_windows())
+    cfg = QualityConfig(model="tiny", contexts=[64], kvs=["int8", f"int8/L{n}:fp16"], tail=8)
+    with pytest.raises(QualityInputError, match=f"outside 0..{n - 1}"):
+        run_quality(cfg, tmp_path, model=tiny, log=lambda s: None)
+    assert not any(tmp_path.iterdir())
+
+
 def test_run_rows_resume_and_report(tmp_path, gemma) -> None:
     cfg = QualityConfig(model="tiny-gemma3", contexts=[96, 80], kvs=["int8", "int4+hk@s2r16"],
                         tail=16, chunk_size=40)

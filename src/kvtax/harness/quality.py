@@ -144,12 +144,17 @@ def split_layer_formats(kv: str) -> tuple[str, dict[int, str]]:
     return base, layers
 
 
+def check_layers(kv: str, layers: dict[int, str], num_layers: int) -> None:
+    """Refuse layer overrides of `kv` that name layers the model does not have."""
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise QualityInputError(f"{kv!r} names layers {bad} outside 0..{num_layers - 1}")
+
+
 def build_caches(windows: list[int | None], kv: str, sliding_kv: str | None,
                  chunk: int) -> list[Any]:
     base, layers = split_layer_formats(kv)
-    bad = [i for i in layers if not 0 <= i < len(windows)]
-    if bad:
-        raise QualityInputError(f"{kv!r} names layers {bad} outside 0..{len(windows) - 1}")
+    check_layers(kv, layers, len(windows))
     spec = parse_kv(base)
     slide = parse_kv(sliding_kv) if sliding_kv else spec
     return [layer_cache(parse_kv(layers[i]) if i in layers else (spec if w is None else slide),
@@ -255,8 +260,9 @@ def run_quality(
         log(f"loaded in {time.perf_counter() - t:.1f} s")
     net = model.model
     windows = net.config.layer_windows()
-    for kv in [cfg.baseline, *cfg.kvs]:
+    for kv in [cfg.baseline, *cfg.kvs]:  # every arm checked before the first cell runs
         base, layers = split_layer_formats(kv)
+        check_layers(kv, layers, len(windows))
         for spec in [base, *layers.values()]:
             parse_kv(spec).check(net.config.head_dim)
     longest = max(cfg.contexts)
