@@ -114,7 +114,7 @@ def swap_decode_kernel(
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_vc_b, s_vc_h, s_km_b, s_km_h, s_vm_b, s_vm_h,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
-    KW: gl.constexpr,
+    KW: gl.constexpr, LATE: gl.constexpr, MERGE: gl.constexpr,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, D]; vc: the V codes
     as uint16 pairs [B, H, slots, D/2]; ksw ... vbw: uint32 words [B, H, slots] (lo-half
@@ -202,8 +202,13 @@ def swap_decode_kernel(
     acc_o_hi = gl.zeros([PH, NC], gl.float32, mma)  # dims D/2 + 2p + 1
     m_i = gl.full([NC], float("-inf"), gl.float32, col_l)
     l_acc = gl.zeros([SUB, NC], gl.float32, mma)   # per-lane partial sums (reduced at the end)
-    b_lo = gl.zeros([SUB, NC], gl.float32, mma)    # sum p * (vb - 1024 vs), lo half
+    b_lo = gl.zeros([SUB, NC], gl.float32, mma)    # sum p * vb, lo half
     b_hi = gl.zeros([SUB, NC], gl.float32, mma)
+    # sum of the fp16 P operand as the MMA saw it (acc's units): acc - 1024 * this is
+    # P16 @ codes. Taking the offset from fp32 p instead leaves fp16 P's rounding times
+    # 1024 uncancelled (measured: rel RMS 4.2e-3 at ctx 37, over the fp16 bound)
+    s_lo = gl.zeros([SUB, NC], gl.float32, mma)
+    s_hi = gl.zeros([SUB, NC], gl.float32, mma)
     t_v = 1e-30  # running largest V scale: acc holds P @ (V / t_v)
     zs = gl.zeros([SUB, NC], gl.float32, mma)
     zp = gl.zeros([SUB, NC], gl.float16, pb_l)
@@ -215,8 +220,9 @@ def swap_decode_kernel(
         s = i % STAGES
         async_copy.wait_group(STAGES - 2)
         _bar()  # every lane's copies of stage s landed; stage (i - 1) % STAGES is free
-        _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
-               tile + (STAGES - 1) * num_splits, length, STAGES, i + STAGES - 1, BN, D)
+        if not LATE:
+            _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
+                   tile + (STAGES - 1) * num_splits, length, STAGES, i + STAGES - 1, BN, D)
         ksw_c = ksw_n
         kbw_c = kbw_n
         vsw_c = vsw_n
@@ -253,16 +259,20 @@ def swap_decode_kernel(
         vb_lo, vb_hi = _halves(vbw_c, MDT)
         al = alpha[None, :]
         l_acc = l_acc * al + p
-        b_lo = b_lo * al + p * (vb_lo - 1024.0 * vs_lo)
-        b_hi = b_hi * al + p * (vb_hi - 1024.0 * vs_hi)
+        b_lo = b_lo * al + p * vb_lo
+        b_hi = b_hi * al + p * vb_hi
         v_top = gl.max(gl.max(gl.maximum(vs_lo, vs_hi), 1), 0)
         t_new = gl.maximum(t_v, v_top)
         f = (alpha * (t_v / t_new))[None, :]
         inv_t = 1.0 / t_new
         t_v = t_new
         m_i = m_new
-        pt_lo = gl.convert_layout((p * (vs_lo * inv_t)).to(gl.float16), pb_l)
-        pt_hi = gl.convert_layout((p * (vs_hi * inv_t)).to(gl.float16), pb_l)
+        p16_lo = (p * (vs_lo * inv_t)).to(gl.float16)
+        p16_hi = (p * (vs_hi * inv_t)).to(gl.float16)
+        s_lo = s_lo * f + p16_lo.to(gl.float32)
+        s_hi = s_hi * f + p16_hi.to(gl.float32)
+        pt_lo = gl.convert_layout(p16_lo, pb_l)
+        pt_hi = gl.convert_layout(p16_hi, pb_l)
         p0_lo = gl.where(first, pt_lo, zp)
         p1_lo = gl.where(first, zp, pt_lo)
         p0_hi = gl.where(first, pt_hi, zp)
@@ -284,24 +294,61 @@ def swap_decode_kernel(
         e, o = _x8_pairs(v1.slice(PH, PH, 1).permute((1, 0)).load(va_l))
         acc_e_hi = mma_v2(e, p1_hi, acc_e_hi)
         acc_o_hi = mma_v2(o, p1_hi, acc_o_hi)
+        if LATE:  # after the step's shuffles and ldmatrix (needs STAGES >= 3 for overlap)
+            _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
+                   tile + (STAGES - 1) * num_splits, length, STAGES, i + STAGES - 1, BN, D)
 
     async_copy.wait_group(0)  # no copy may land after the CTA exits
 
-    # ---- partials: column c -> partial 2 * split + c // 4, row c % 4
     l_c = gl.sum(l_acc, 0)
     bl = gl.sum(b_lo, 0)[None, :]
     bh = gl.sum(b_hi, 0)[None, :]
-    prow = ((pid_bh.to(gl.int64) * num_splits + split) * 2 + mc // 4) * n_rows + mc % 4
-    ok = (mc % 4) < n_rows
-    gl.store(part_m + prow, m_i, mask=ok)
-    gl.store(part_l + prow, l_c, mask=ok)
-    pd = 2 * gl.arange(0, PH, layout=row_l)[:, None]
-    po = part_o + prow[None, :] * D + pd
-    mo = ok[None, :] & (pd < D)
-    gl.store(po, acc_e_lo * t_v + bl, mask=mo)
-    gl.store(po + 1, acc_o_lo * t_v + bl, mask=mo)
-    gl.store(po + DH, acc_e_hi * t_v + bh, mask=mo)
-    gl.store(po + DH + 1, acc_o_hi * t_v + bh, mask=mo)
+    ol = 1024.0 * gl.sum(s_lo, 0)[None, :]
+    oh = 1024.0 * gl.sum(s_hi, 0)[None, :]
+    o_el = (acc_e_lo - ol) * t_v + bl
+    o_ol = (acc_o_lo - ol) * t_v + bl
+    o_eh = (acc_e_hi - oh) * t_v + bh
+    o_oh = (acc_o_hi - oh) * t_v + bh
+    if MERGE:
+        # ---- the two streams merged here: one partial per split, row r
+        m2 = gl.reshape(m_i, [2, 4])
+        mx = gl.max(m2, 0)
+        mxb = gl.where(mx == float("-inf"), 0.0, mx)
+        w8 = gl.convert_layout(gl.reshape(gl.exp2(m2 - mxb[None, :]), [NC]), col_l)
+        st_l: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [1, 1], [1, 0])
+        r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, st_l))
+        d4 = 2 * gl.arange(0, PH, layout=gl.SliceLayout(1, st_l))[:, None]
+        prow = (pid_bh.to(gl.int64) * num_splits + split) * n_rows + r4
+        ok = r4 < n_rows
+        gl.store(part_m + prow, gl.convert_layout(mx, gl.SliceLayout(0, st_l)), mask=ok)
+        l4 = gl.sum(gl.reshape(l_c * w8, [2, 4]), 0)
+        gl.store(part_l + prow, gl.convert_layout(l4, gl.SliceLayout(0, st_l)), mask=ok)
+        po = part_o + prow[None, :] * D + d4
+        mo = ok[None, :] & (d4 < D)
+        w = w8[None, :]
+        gl.store(po, _fold_streams(o_el * w, PH, st_l), mask=mo)
+        gl.store(po + 1, _fold_streams(o_ol * w, PH, st_l), mask=mo)
+        gl.store(po + DH, _fold_streams(o_eh * w, PH, st_l), mask=mo)
+        gl.store(po + DH + 1, _fold_streams(o_oh * w, PH, st_l), mask=mo)
+    else:
+        # ---- column c -> partial 2 * split + c // 4, row c % 4
+        prow = ((pid_bh.to(gl.int64) * num_splits + split) * 2 + mc // 4) * n_rows + mc % 4
+        ok = (mc % 4) < n_rows
+        gl.store(part_m + prow, m_i, mask=ok)
+        gl.store(part_l + prow, l_c, mask=ok)
+        pd = 2 * gl.arange(0, PH, layout=row_l)[:, None]
+        po = part_o + prow[None, :] * D + pd
+        mo = ok[None, :] & (pd < D)
+        gl.store(po, o_el, mask=mo)
+        gl.store(po + 1, o_ol, mask=mo)
+        gl.store(po + DH, o_eh, mask=mo)
+        gl.store(po + DH + 1, o_oh, mask=mo)
+
+
+@gluon.jit
+def _fold_streams(x, PH: gl.constexpr, st_l: gl.constexpr):
+    """[PH, 8] (columns = 2 streams x 4 rows, already weighted) -> [PH, 4] in st_l."""
+    return gl.convert_layout(gl.sum(gl.reshape(x, [PH, 2, 4]), 1), st_l)
 
 
 # ---- launcher ------------------------------------------------------------------------------
@@ -354,7 +401,8 @@ def default_splits(q: torch.Tensor, view, capacity: int, per_sm: int = 12) -> in
 def swap_decode(q: torch.Tensor, view, num_splits: int | None = None,
                 lengths: torch.Tensor | None = None, *, stages: int = 3, k_width: int = 4,
                 out: torch.Tensor | None = None, poison: bool = False,
-                maxnreg: int | None = None, per_sm: int = 12) -> torch.Tensor:
+                maxnreg: int | None = None, per_sm: int = 8, late: bool = False,
+                merge: bool = False, reduce: bool = True) -> torch.Tensor:
     """Attention of q [B, H_q, L, D] over an int8 (g64, D=128) FullCache view through the
     swapped split kernel and kvtax's reduce kernel. lengths: int32 [B] on q's device
     (default: view.length_t, else view.length for every row)."""
@@ -378,7 +426,9 @@ def swap_decode(q: torch.Tensor, view, num_splits: int | None = None,
     vc16 = vc.view(torch.int16)  # [B, H, slots, D/2]: pairs of dims
     ksw, kbw, vsw, vbw = _words(ks), _words(kb), _words(vs), _words(vb)
     rows = group * n_q
-    parts = 2 * num_splits
+    if late and stages < 3:
+        raise ValueError("late issue needs stages >= 3 (else no copy overlaps a step)")
+    parts = num_splits if merge else 2 * num_splits
     fill = torch.full if poison else (lambda shape, v, **kw: torch.empty(shape, **kw))
     f32 = dict(dtype=torch.float32, device=q.device)
     part_o = fill((b * h_kv, parts, rows, d), float("nan"), **f32)
@@ -394,9 +444,12 @@ def swap_decode(q: torch.Tensor, view, num_splits: int | None = None,
         *q.stride(),
         kc.stride(0), kc.stride(1), vc16.stride(0), vc16.stride(1),
         ksw.stride(0), ksw.stride(1), vsw.stride(0), vsw.stride(1),
-        G=group, D=d, STAGES=stages, MDT=mdt, KW=k_width, num_warps=1,
+        G=group, D=d, STAGES=stages, MDT=mdt, KW=k_width, LATE=late, MERGE=merge,
+        num_warps=1,
         **({} if maxnreg is None else {"maxnreg": int(maxnreg)}),
     )
+    if not reduce:  # split kernel alone (timing)
+        return out
     splits_pad = triton.next_power_of_2(parts)
     d_block = min(32, triton.next_power_of_2(d))
     _decode_attn_reduce_kernel[(b * h_kv, rows, triton.cdiv(d, d_block))](
@@ -421,7 +474,8 @@ def _sass(kernel) -> str:
 
 
 def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | None = None,
-                  maxnreg: int | None = None, n_q: int = 1, group: int = 4) -> None:
+                  maxnreg: int | None = None, n_q: int = 1, group: int = 4,
+                  late: bool = False, merge: bool = False) -> None:
     import collections
     import re
 
@@ -440,7 +494,7 @@ def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | Non
     q = torch.randn(1, 2 * group, n_q, HEAD_DIM, dtype=dtype)
     lengths = torch.full((1,), 300, dtype=torch.int32)
     swap_decode(q, cache.view(), num_splits=4, lengths=lengths, stages=stages,
-                k_width=k_width, maxnreg=maxnreg)
+                k_width=k_width, maxnreg=maxnreg, late=late, merge=merge)
     for name, kern in cc.COMPILED:
         if name != "swap_decode_kernel":
             continue
@@ -451,7 +505,7 @@ def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | Non
                for ln in lines]
         census = collections.Counter(o.split(".")[0] for o in ops)
         print(triton.__version__, dtype, f"G={group} L={n_q} stages={stages} KW={k_width} "
-              f"maxnreg={maxnreg}", cc._resources(kern), "smem", kern.metadata.shared,
+              f"maxnreg={maxnreg} late={late} merge={merge}", cc._resources(kern), "smem", kern.metadata.shared,
               "total instr", len(ops), "STL", sass.count("STL"), "LDL", sass.count("LDL"))
         print("  census:", " ".join(f"{k} {v}" for k, v in census.most_common(24)))
         if dump:
@@ -463,52 +517,71 @@ def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | Non
 
 
 def bench(reps: int = 20) -> None:
-    """H200: swap_decode vs kvtax's triton_attention (decode_warp), Llama-3.1-8B layer
-    (32 q heads, 8 KV heads, D 128, batch 1, L 1), CUDA graphs, L2 flushed."""
-    import itertools
-
+    """H200: swap_decode variants vs kvtax's triton_attention (decode_warp), Llama-3.1-8B
+    layer (32 q heads, 8 KV heads, D 128, batch 1, L 1), CUDA graphs, L2 flushed."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from timing import Timer
 
     from kvtax.attention.triton_api import triton_attention
     from kvtax.cache import FullCache
 
+    # (late, merge, stages, per_sm, reduce)
+    variants = [(False, False, 2, 8, True), (False, False, 2, 8, False),
+                (False, True, 2, 8, True), (True, False, 3, 8, True),
+                (True, True, 3, 8, True), (True, True, 3, 8, False), (True, True, 4, 8, True),
+                (True, True, 3, 12, True), (False, True, 2, 12, True)]
     timer = Timer(reps, dry=False)
-    for dtype in (torch.float16, torch.bfloat16):
-        for ctx in (32768, 131072):
-            cap = ctx + 52  # runner-like capacity (not a power of two)
-            cache = FullCache("int8", capacity=cap)
-            chunk = 8192
-            for t0 in range(0, ctx, chunk):
-                kv = torch.randn(1, 8, min(chunk, ctx - t0), HEAD_DIM, dtype=dtype,
-                                 device="cuda")
-                cache.append(kv, kv)
-            view = cache.view()
-            q = torch.randn(1, 32, 1, HEAD_DIM, dtype=dtype, device="cuda")
-            lengths = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
-            ref = triton_attention(q, view, lengths=lengths)
-            t_ref = timer(lambda q=q, v=view, n=lengths: triton_attention(q, v, lengths=n))
-            print(f"{dtype} ctx {ctx}: triton_attention {t_ref[0]:.4f} ms (p20 {t_ref[1]:.4f}, "
-                  f"p80 {t_ref[2]:.4f})", flush=True)
-            for kw, per_sm, stages, mr in itertools.product(
-                    (4, 8), (8, 12, 16), (2, 3), (None,)):
-                splits = default_splits(q, view, cap, per_sm)
+    for dtype, ctx in ((torch.float16, 131072), (torch.bfloat16, 131072),
+                       (torch.float16, 32768)):
+        cap = ctx + 52  # runner-like capacity (not a power of two)
+        cache = FullCache("int8", capacity=cap)
+        chunk = 8192
+        for t0 in range(0, ctx, chunk):
+            kv = torch.randn(1, 8, min(chunk, ctx - t0), HEAD_DIM, dtype=dtype, device="cuda")
+            cache.append(kv, kv)
+        view = cache.view()
+        q = torch.randn(1, 32, 1, HEAD_DIM, dtype=dtype, device="cuda")
+        lengths = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
+        ref = triton_attention(q, view, lengths=lengths)
+        t_ref = timer(lambda q=q, v=view, n=lengths: triton_attention(q, v, lengths=n))
+        print(f"{dtype} ctx {ctx}: triton_attention {t_ref[0]:.4f} ms (p20 {t_ref[1]:.4f}, "
+              f"p80 {t_ref[2]:.4f})", flush=True)
+        for late, merge, stages, per_sm, red in variants:
+            splits = default_splits(q, view, cap, per_sm)
 
-                def fn(q=q, v=view, s=splits, n=lengths, st=stages, k=kw, m=mr):
-                    return swap_decode(q, v, s, n, stages=st, k_width=k, maxnreg=m)
+            def fn(q=q, v=view, s=splits, n=lengths, st=stages, la=late, me=merge, r=red):
+                return swap_decode(q, v, s, n, stages=st, late=la, merge=me, reduce=r)
 
-                try:
-                    got = fn()
-                    torch.cuda.synchronize()
-                    err = (got.float() - ref.float()).abs().max().item()
-                    t = timer(fn)
-                except Exception as e:  # noqa: BLE001
-                    print(f"  KW={kw} per_sm={per_sm} stages={stages} maxnreg={mr}: "
-                          f"{type(e).__name__}: {str(e)[:200]}", flush=True)
-                    continue
-                print(f"  swap KW={kw} splits={splits} ({per_sm}/SM) stages={stages} "
-                      f"maxnreg={mr}: {t[0]:.4f} ms (p20 {t[1]:.4f}, p80 {t[2]:.4f}) "
-                      f"max|diff| vs triton {err:.2e}", flush=True)
+            tag = (f"late={late} merge={merge} stages={stages} splits={splits} ({per_sm}/SM)"
+                   f"{'' if red else ' SPLIT KERNEL ONLY'}")
+            try:
+                got = fn()
+                torch.cuda.synchronize()
+                err = (got.float() - ref.float()).abs().max().item() if red else float("nan")
+                t = timer(fn)
+            except Exception as e:  # noqa: BLE001
+                print(f"  {tag}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            print(f"  swap {tag}: {t[0]:.4f} ms (p20 {t[1]:.4f}, p80 {t[2]:.4f}) "
+                  f"max|diff| vs triton {err:.2e}", flush=True)
+
+
+def ncu_run(context: int = 131072, calls: int = 4, stages: int = 2, per_sm: int = 8,
+            late: bool = False, merge: bool = False) -> None:
+    """A few swap_decode calls over a Llama-3.1-8B layer's int8 cache, for Nsight Compute."""
+    from kvtax.cache import FullCache
+
+    cache = FullCache("int8", capacity=context + 52)
+    for start in range(0, context, 8192):
+        k = torch.randn(1, 8, min(8192, context - start), HEAD_DIM, device="cuda",
+                        dtype=torch.bfloat16)
+        cache.append(k, torch.randn_like(k))
+    q = torch.randn(1, 32, 1, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    lengths = torch.full((1,), context, dtype=torch.int32, device="cuda")
+    for _ in range(calls):
+        swap_decode(q, cache.view(), None, lengths, stages=stages, per_sm=per_sm, late=late,
+                    merge=merge)
+    torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -521,12 +594,18 @@ def main() -> None:
     ap.add_argument("--kw", type=int, default=4)
     ap.add_argument("--dump", default=None, help="write ttgir / ptx / sass to this prefix")
     ap.add_argument("--maxnreg", type=int, default=None)
+    ap.add_argument("--ncu", action="store_true", help="four 128k calls (for Nsight Compute)")
+    ap.add_argument("--late", action="store_true")
+    ap.add_argument("--merge", action="store_true")
     a = ap.parse_args()
-    if a.bench:
+    if a.ncu:
+        ncu_run(stages=a.stages, late=a.late, merge=a.merge)
+    elif a.bench:
         bench()
     else:
         for dtype in (torch.float16, torch.bfloat16):
-            compile_check(dtype, a.stages, a.kw, dump=a.dump, maxnreg=a.maxnreg)
+            compile_check(dtype, a.stages, a.kw, dump=a.dump, maxnreg=a.maxnreg, late=a.late,
+                          merge=a.merge)
 
 
 if __name__ == "__main__":

@@ -127,3 +127,34 @@ def _row_view(view, i, length):
         return QTensor(*(None if t is None else t[i:i + 1] for t in (qt.codes, qt.scales, qt.biases)))
 
     return dataclasses.replace(view, k=row(view.k), v=row(view.v), length=length, length_t=None)
+
+
+@pytest.mark.parametrize("ctx", [37, 4096 + 13, 70000])
+@pytest.mark.parametrize("group", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("late,merge,stages", [(True, False, 3), (False, True, 2),
+                                               (True, True, 3), (True, True, 4)])
+def test_late_issue_and_merge(ctx, group, dtype, late, merge, stages):
+    """cp.async issued after the step's math; the two streams merged in the kernel."""
+    from swap_decode import swap_decode
+
+    from kvtax.attention import attention_blockwise
+
+    q, view, lengths = _build(ctx, group, 2, 1, dtype)
+    got = swap_decode(q, view, None, lengths, poison=True, late=late, merge=merge,
+                      stages=stages)
+    ref = attention_blockwise(q.float(), view)
+    _compare(got, ref, dtype, f"ctx={ctx} G={group} {dtype} late={late} merge={merge}")
+
+
+@pytest.mark.parametrize("splits", [1, 3, 64])
+def test_merge_empty_splits(splits):
+    """Merged partials of splits that see no tile: m = -inf, l = 0."""
+    from swap_decode import swap_decode
+
+    from kvtax.attention import attention_blockwise
+
+    q, view, lengths = _build(1000, 4, 2, 1, torch.float16)
+    got = swap_decode(q, view, splits, lengths, poison=True, merge=True, late=True)
+    ref = attention_blockwise(q.float(), view)
+    _compare(got, ref, torch.float16, f"merge splits={splits}")
