@@ -505,7 +505,8 @@ def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | Non
                for ln in lines]
         census = collections.Counter(o.split(".")[0] for o in ops)
         print(triton.__version__, dtype, f"G={group} L={n_q} stages={stages} KW={k_width} "
-              f"maxnreg={maxnreg} late={late} merge={merge}", cc._resources(kern), "smem", kern.metadata.shared,
+              f"maxnreg={maxnreg} late={late} merge={merge}", cc._resources(kern),
+              "smem", kern.metadata.shared,
               "total instr", len(ops), "STL", sass.count("STL"), "LDL", sass.count("LDL"))
         print("  census:", " ".join(f"{k} {v}" for k, v in census.most_common(24)))
         if dump:

@@ -124,7 +124,8 @@ def _row_view(view, i, length):
     from kvtax.formats import QTensor
 
     def row(qt):
-        return QTensor(*(None if t is None else t[i:i + 1] for t in (qt.codes, qt.scales, qt.biases)))
+        parts = (qt.codes, qt.scales, qt.biases)
+        return QTensor(*(None if t is None else t[i:i + 1] for t in parts))
 
     return dataclasses.replace(view, k=row(view.k), v=row(view.v), length=length, length_t=None)
 
