@@ -45,6 +45,8 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # ---- version bridge (3.6 vs 3.9) ---------------------------------------------------------
 if hasattr(async_copy, "async_load"):
@@ -52,6 +54,8 @@ if hasattr(async_copy, "async_load"):
 else:
     cp_async_load = async_copy.async_copy_global_to_shared
 _bar = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+# TMA global->shared: 3.6 `async_copy_global_to_shared`, 3.9 `async_load`
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
 HEAD_DIM = 128
 GROUP = 64
@@ -108,13 +112,31 @@ def _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16, tile, lengt
 
 
 @gluon.jit
+def _issue_tma(kl_desc, kh_desc, vl_desc, vh_desc, kl_s, kh_s, vl_s, vh_s, bars, row0, tile,
+               pred, STAGES: gl.constexpr, i, BN: gl.constexpr, D: gl.constexpr):
+    """Four TMA box copies (K lo / hi halves [BN, D/2] uint8, V lo / hi pairs [BN, D/4]
+    uint16) of one step into stage i % STAGES, counted on that stage's mbarrier. Rows past
+    the tensor zero-fill; rows past length are hidden by the scores' mask."""
+    s = i % STAGES
+    bar = bars.index(s)
+    mbarrier.expect(bar, 2 * BN * D, pred=pred)
+    row = row0 + tile * BN
+    tma_load(kl_desc, [row, 0], bar, kl_s.index(s), pred=pred)
+    tma_load(kh_desc, [row, D // 2], bar, kh_s.index(s), pred=pred)
+    tma_load(vl_desc, [row, 0], bar, vl_s.index(s), pred=pred)
+    tma_load(vh_desc, [row, D // 4], bar, vh_s.index(s), pred=pred)
+
+
+@gluon.jit
 def swap_decode_kernel(
     q_ptr, part_o, part_m, part_l, kc, vc, ksw, kbw, vsw, vbw, lens,
     n_q, num_splits, n_kv_heads, qk_scale,
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_vc_b, s_vc_h, s_km_b, s_km_h, s_vm_b, s_vm_h,
+    kl_desc, kh_desc, vl_desc, vh_desc, cap,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
-    KW: gl.constexpr, LATE: gl.constexpr, MERGE: gl.constexpr,
+    KW: gl.constexpr, LATE: gl.constexpr, MERGE: gl.constexpr, TMA: gl.constexpr,
+    FENCE: gl.constexpr,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, D]; vc: the V codes
     as uint16 pairs [B, H, slots, D/2]; ksw ... vbw: uint32 words [B, H, slots] (lo-half
@@ -167,26 +189,42 @@ def swap_decode_kernel(
     q_pos = length - n_q + (mc % 4) // G  # causal bottom-right; padded columns never stored
     moff = mi[:, None] + SUB * (mc // 4)[None, :]  # [16, 8]: slot of each score element
 
-    # ---- staging: K codes and V pairs through a STAGES-deep cp.async ring
-    swz8: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
-    swz16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-    k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, D], swz8)
-    v_smem = gl.allocate_shared_memory(gl.uint16, [STAGES, BN, D // 2], swz16)
-    ld8: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [1, 1], [1, 0])
-    ld16: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
-    rows8 = gl.arange(0, BN, layout=gl.SliceLayout(1, ld8))
-    cols8 = gl.arange(0, D, layout=gl.SliceLayout(0, ld8))
-    rows16 = gl.arange(0, BN, layout=gl.SliceLayout(1, ld16))
-    cols16 = gl.arange(0, D // 2, layout=gl.SliceLayout(0, ld16))
-    p_kc = kc + b * s_kc_b + h * s_kc_h
-    p_vc = vc + b * s_vc_b + h * s_vc_h
     p_ksw = ksw + b * s_km_b + h * s_km_h
     p_kbw = kbw + b * s_km_b + h * s_km_h
     p_vsw = vsw + b * s_vm_b + h * s_vm_h
     p_vbw = vbw + b * s_vm_b + h * s_vm_h
-    for j in gl.static_range(STAGES - 1):  # tiles past n_my lie past length: zero-filled
-        _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
-               split + j * num_splits, length, STAGES, j, BN, D)
+    if TMA:
+        # ---- staging through TMA: four box copies per step, one mbarrier per stage
+        kl_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, D // 2], kl_desc.layout)
+        kh_s = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, D // 2], kh_desc.layout)
+        vl_s = gl.allocate_shared_memory(gl.uint16, [STAGES, BN, D // 4], vl_desc.layout)
+        vh_s = gl.allocate_shared_memory(gl.uint16, [STAGES, BN, D // 4], vh_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(STAGES):
+            mbarrier.init(bars.index(j), count=1)
+        row0 = pid_bh * cap
+        for j in gl.static_range(STAGES - 1):
+            _issue_tma(kl_desc, kh_desc, vl_desc, vh_desc, kl_s, kh_s, vl_s, vh_s, bars, row0,
+                       split + j * num_splits, j < n_my, STAGES, j, BN, D)
+    else:
+        # ---- staging: K codes and V pairs through a STAGES-deep cp.async ring
+        swz8: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8,
+                                                     order=[1, 0])
+        swz16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
+                                                      order=[1, 0])
+        k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, D], swz8)
+        v_smem = gl.allocate_shared_memory(gl.uint16, [STAGES, BN, D // 2], swz16)
+        ld8: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [1, 1], [1, 0])
+        ld16: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
+        rows8 = gl.arange(0, BN, layout=gl.SliceLayout(1, ld8))
+        cols8 = gl.arange(0, D, layout=gl.SliceLayout(0, ld8))
+        rows16 = gl.arange(0, BN, layout=gl.SliceLayout(1, ld16))
+        cols16 = gl.arange(0, D // 2, layout=gl.SliceLayout(0, ld16))
+        p_kc = kc + b * s_kc_b + h * s_kc_h
+        p_vc = vc + b * s_vc_b + h * s_vc_h
+        for j in gl.static_range(STAGES - 1):  # tiles past n_my lie past length: zero-filled
+            _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
+                   split + j * num_splits, length, STAGES, j, BN, D)
 
     # metadata of step 0 (registers, one step ahead)
     slot_m = split * BN + moff
@@ -218,11 +256,20 @@ def swap_decode_kernel(
     for i in range(n_my):
         tile = split + i * num_splits
         s = i % STAGES
-        async_copy.wait_group(STAGES - 2)
-        _bar()  # every lane's copies of stage s landed; stage (i - 1) % STAGES is free
-        if not LATE:
-            _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
-                   tile + (STAGES - 1) * num_splits, length, STAGES, i + STAGES - 1, BN, D)
+        if TMA:
+            mbarrier.wait(bars.index(s), (i // STAGES) & 1)
+            _bar()  # every lane is done with stage (i - 1) % STAGES
+            if FENCE:
+                fence_async_shared()  # generic-proxy reads before the async-proxy refill
+            _issue_tma(kl_desc, kh_desc, vl_desc, vh_desc, kl_s, kh_s, vl_s, vh_s, bars, row0,
+                       tile + (STAGES - 1) * num_splits, i + STAGES - 1 < n_my, STAGES,
+                       i + STAGES - 1, BN, D)
+        else:
+            async_copy.wait_group(STAGES - 2)
+            _bar()  # every lane's copies of stage s landed; stage (i - 1) % STAGES is free
+            if not LATE:
+                _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
+                       tile + (STAGES - 1) * num_splits, length, STAGES, i + STAGES - 1, BN, D)
         ksw_c = ksw_n
         kbw_c = kbw_n
         vsw_c = vsw_n
@@ -235,13 +282,21 @@ def swap_decode_kernel(
         vbw_n = gl.load(p_vbw + slot_m, mask=mm, other=0)
 
         # ---- scores S^T [16, 8]: two streams through block-diagonal Q
-        k_st = k_smem.index(s)
-        k0 = k_st.slice(0, SUB, 0)
-        k1 = k_st.slice(SUB, SUB, 0)
-        d_lo = mma_v2(_x8(k0.slice(0, DH, 1).load(ka_l)), bq_lo0, zs)
-        d_lo = mma_v2(_x8(k1.slice(0, DH, 1).load(ka_l)), bq_lo1, d_lo)
-        d_hi = mma_v2(_x8(k0.slice(DH, DH, 1).load(ka_l)), bq_hi0, zs)
-        d_hi = mma_v2(_x8(k1.slice(DH, DH, 1).load(ka_l)), bq_hi1, d_hi)
+        if TMA:
+            k0l = kl_s.index(s).slice(0, SUB, 0)
+            k1l = kl_s.index(s).slice(SUB, SUB, 0)
+            k0h = kh_s.index(s).slice(0, SUB, 0)
+            k1h = kh_s.index(s).slice(SUB, SUB, 0)
+        else:
+            k_st = k_smem.index(s)
+            k0l = k_st.slice(0, SUB, 0).slice(0, DH, 1)
+            k1l = k_st.slice(SUB, SUB, 0).slice(0, DH, 1)
+            k0h = k_st.slice(0, SUB, 0).slice(DH, DH, 1)
+            k1h = k_st.slice(SUB, SUB, 0).slice(DH, DH, 1)
+        d_lo = mma_v2(_x8(k0l.load(ka_l)), bq_lo0, zs)
+        d_lo = mma_v2(_x8(k1l.load(ka_l)), bq_lo1, d_lo)
+        d_hi = mma_v2(_x8(k0h.load(ka_l)), bq_hi0, zs)
+        d_hi = mma_v2(_x8(k1h.load(ka_l)), bq_hi1, d_hi)
         ks_lo, ks_hi = _halves(ksw_c, MDT)
         kb_lo, kb_hi = _halves(kbw_c, MDT)
         sc = (d_lo * (ks_lo * qk_scale) + d_hi * (ks_hi * qk_scale)
@@ -279,26 +334,35 @@ def swap_decode_kernel(
         p1_hi = gl.where(first, zp, pt_hi)
 
         # ---- O^T [D, 8] += V^T @ P^T, per stream, even / odd dims, lo / hi halves
-        v_st = v_smem.index(s)
-        v0 = v_st.slice(0, SUB, 0)
-        v1 = v_st.slice(SUB, SUB, 0)
-        e, o = _x8_pairs(v0.slice(0, PH, 1).permute((1, 0)).load(va_l))
+        if TMA:
+            v0l = vl_s.index(s).slice(0, SUB, 0)
+            v1l = vl_s.index(s).slice(SUB, SUB, 0)
+            v0h = vh_s.index(s).slice(0, SUB, 0)
+            v1h = vh_s.index(s).slice(SUB, SUB, 0)
+        else:
+            v_st = v_smem.index(s)
+            v0l = v_st.slice(0, SUB, 0).slice(0, PH, 1)
+            v1l = v_st.slice(SUB, SUB, 0).slice(0, PH, 1)
+            v0h = v_st.slice(0, SUB, 0).slice(PH, PH, 1)
+            v1h = v_st.slice(SUB, SUB, 0).slice(PH, PH, 1)
+        e, o = _x8_pairs(v0l.permute((1, 0)).load(va_l))
         acc_e_lo = mma_v2(e, p0_lo, acc_e_lo * f)
         acc_o_lo = mma_v2(o, p0_lo, acc_o_lo * f)
-        e, o = _x8_pairs(v0.slice(PH, PH, 1).permute((1, 0)).load(va_l))
+        e, o = _x8_pairs(v0h.permute((1, 0)).load(va_l))
         acc_e_hi = mma_v2(e, p0_hi, acc_e_hi * f)
         acc_o_hi = mma_v2(o, p0_hi, acc_o_hi * f)
-        e, o = _x8_pairs(v1.slice(0, PH, 1).permute((1, 0)).load(va_l))
+        e, o = _x8_pairs(v1l.permute((1, 0)).load(va_l))
         acc_e_lo = mma_v2(e, p1_lo, acc_e_lo)
         acc_o_lo = mma_v2(o, p1_lo, acc_o_lo)
-        e, o = _x8_pairs(v1.slice(PH, PH, 1).permute((1, 0)).load(va_l))
+        e, o = _x8_pairs(v1h.permute((1, 0)).load(va_l))
         acc_e_hi = mma_v2(e, p1_hi, acc_e_hi)
         acc_o_hi = mma_v2(o, p1_hi, acc_o_hi)
-        if LATE:  # after the step's shuffles and ldmatrix (needs STAGES >= 3 for overlap)
+        if LATE and not TMA:  # after the step's shuffles and ldmatrix (STAGES >= 3)
             _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
                    tile + (STAGES - 1) * num_splits, length, STAGES, i + STAGES - 1, BN, D)
 
-    async_copy.wait_group(0)  # no copy may land after the CTA exits
+    if not TMA:
+        async_copy.wait_group(0)  # no copy may land after the CTA exits
 
     l_c = gl.sum(l_acc, 0)
     bl = gl.sum(b_lo, 0)[None, :]
@@ -389,6 +453,28 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32)[..., 0]
 
 
+def _descriptors(kc: torch.Tensor, vc16: torch.Tensor) -> list:
+    """TMA descriptors over the codes flattened to rows (b, h, slot): K lo / hi halves
+    [32, D/2] uint8 boxes, V lo / hi [32, D/4] uint16-pair boxes (64-byte rows, 64-byte
+    swizzle). The tensors must be contiguous (each head's slots back to back)."""
+    from triton.experimental.gluon.language import NVMMASharedLayout
+
+    if not (kc.is_contiguous() and vc16.is_contiguous()):
+        raise ValueError("TMA path needs contiguous code tensors [B, H, slots, D]")
+    d = kc.shape[-1]
+    k2 = kc.reshape(-1, d)
+    v2 = vc16.view(torch.uint16).reshape(-1, d // 2) if hasattr(torch, "uint16") else None
+    if v2 is None:
+        v2 = vc16.reshape(-1, d // 2)
+    l8 = NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
+    l16 = NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    kd = [TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [STEP, d // 2], l8)
+          for _ in range(2)]
+    vd = [TensorDescriptor(v2, list(v2.shape), list(v2.stride()), [STEP, d // 4], l16)
+          for _ in range(2)]
+    return kd + vd
+
+
 def default_splits(q: torch.Tensor, view, capacity: int, per_sm: int = 12) -> int:
     """Splits so that about per_sm one-warp programs run per SM; >= 4 steps each."""
     sms = (torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -402,7 +488,8 @@ def swap_decode(q: torch.Tensor, view, num_splits: int | None = None,
                 lengths: torch.Tensor | None = None, *, stages: int = 3, k_width: int = 4,
                 out: torch.Tensor | None = None, poison: bool = False,
                 maxnreg: int | None = None, per_sm: int = 8, late: bool = False,
-                merge: bool = False, reduce: bool = True) -> torch.Tensor:
+                merge: bool = False, reduce: bool = True, use_tma: bool = False,
+                fence: bool = True) -> torch.Tensor:
     """Attention of q [B, H_q, L, D] over an int8 (g64, D=128) FullCache view through the
     swapped split kernel and kvtax's reduce kernel. lengths: int32 [B] on q's device
     (default: view.length_t, else view.length for every row)."""
@@ -438,14 +525,16 @@ def swap_decode(q: torch.Tensor, view, num_splits: int | None = None,
         out = torch.empty_like(q)
     qk_scale = 1.4426950408889634 / math.sqrt(d)
     mdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
+    descs = _descriptors(kc, vc16)
     swap_decode_kernel[(b * h_kv, num_splits)](
         q, part_o, part_m, part_l, kc, vc16, ksw, kbw, vsw, vbw, lengths,
         n_q, num_splits, h_kv, qk_scale,
         *q.stride(),
         kc.stride(0), kc.stride(1), vc16.stride(0), vc16.stride(1),
         ksw.stride(0), ksw.stride(1), vsw.stride(0), vsw.stride(1),
+        *descs, capacity,
         G=group, D=d, STAGES=stages, MDT=mdt, KW=k_width, LATE=late, MERGE=merge,
-        num_warps=1,
+        TMA=use_tma, FENCE=fence, num_warps=1,
         **({} if maxnreg is None else {"maxnreg": int(maxnreg)}),
     )
     if not reduce:  # split kernel alone (timing)
@@ -475,7 +564,7 @@ def _sass(kernel) -> str:
 
 def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | None = None,
                   maxnreg: int | None = None, n_q: int = 1, group: int = 4,
-                  late: bool = False, merge: bool = False) -> None:
+                  late: bool = False, merge: bool = False, use_tma: bool = False) -> None:
     import collections
     import re
 
@@ -494,7 +583,7 @@ def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | Non
     q = torch.randn(1, 2 * group, n_q, HEAD_DIM, dtype=dtype)
     lengths = torch.full((1,), 300, dtype=torch.int32)
     swap_decode(q, cache.view(), num_splits=4, lengths=lengths, stages=stages,
-                k_width=k_width, maxnreg=maxnreg, late=late, merge=merge)
+                k_width=k_width, maxnreg=maxnreg, late=late, merge=merge, use_tma=use_tma)
     for name, kern in cc.COMPILED:
         if name != "swap_decode_kernel":
             continue
@@ -505,7 +594,7 @@ def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | Non
                for ln in lines]
         census = collections.Counter(o.split(".")[0] for o in ops)
         print(triton.__version__, dtype, f"G={group} L={n_q} stages={stages} KW={k_width} "
-              f"maxnreg={maxnreg} late={late} merge={merge}", cc._resources(kern),
+              f"maxnreg={maxnreg} late={late} merge={merge} tma={use_tma}", cc._resources(kern),
               "smem", kern.metadata.shared,
               "total instr", len(ops), "STL", sass.count("STL"), "LDL", sass.count("LDL"))
         print("  census:", " ".join(f"{k} {v}" for k, v in census.most_common(24)))
@@ -526,11 +615,12 @@ def bench(reps: int = 20) -> None:
     from kvtax.attention.triton_api import triton_attention
     from kvtax.cache import FullCache
 
-    # (late, merge, stages, per_sm, reduce)
-    variants = [(False, False, 2, 8, True), (False, False, 2, 8, False),
-                (False, True, 2, 8, True), (True, False, 3, 8, True),
-                (True, True, 3, 8, True), (True, True, 3, 8, False), (True, True, 4, 8, True),
-                (True, True, 3, 12, True), (False, True, 2, 12, True)]
+    # (late, merge, stages, per_sm, reduce, tma, fence)
+    variants = [(False, True, 2, 8, True, False, True), (False, False, 2, 8, False, False, True),
+                (False, True, 2, 8, True, True, True), (False, True, 2, 8, False, True, True),
+                (False, True, 3, 8, True, True, True), (False, True, 2, 8, True, True, False),
+                (False, True, 3, 8, True, True, False), (False, True, 2, 12, True, True, True),
+                (False, True, 2, 12, True, False, True)]
     timer = Timer(reps, dry=False)
     for dtype, ctx in ((torch.float16, 131072), (torch.bfloat16, 131072),
                        (torch.float16, 32768)):
@@ -547,14 +637,16 @@ def bench(reps: int = 20) -> None:
         t_ref = timer(lambda q=q, v=view, n=lengths: triton_attention(q, v, lengths=n))
         print(f"{dtype} ctx {ctx}: triton_attention {t_ref[0]:.4f} ms (p20 {t_ref[1]:.4f}, "
               f"p80 {t_ref[2]:.4f})", flush=True)
-        for late, merge, stages, per_sm, red in variants:
+        for late, merge, stages, per_sm, red, tm, fe in variants:
             splits = default_splits(q, view, cap, per_sm)
 
-            def fn(q=q, v=view, s=splits, n=lengths, st=stages, la=late, me=merge, r=red):
-                return swap_decode(q, v, s, n, stages=st, late=la, merge=me, reduce=r)
+            def fn(q=q, v=view, s=splits, n=lengths, st=stages, la=late, me=merge, r=red,
+                   tm=tm, fe=fe):
+                return swap_decode(q, v, s, n, stages=st, late=la, merge=me, reduce=r,
+                                   use_tma=tm, fence=fe)
 
-            tag = (f"late={late} merge={merge} stages={stages} splits={splits} ({per_sm}/SM)"
-                   f"{'' if red else ' SPLIT KERNEL ONLY'}")
+            tag = (f"tma={tm} fence={fe} late={late} merge={merge} stages={stages} "
+                   f"splits={splits} ({per_sm}/SM){'' if red else ' SPLIT KERNEL ONLY'}")
             try:
                 got = fn()
                 torch.cuda.synchronize()
@@ -598,6 +690,7 @@ def main() -> None:
     ap.add_argument("--ncu", action="store_true", help="four 128k calls (for Nsight Compute)")
     ap.add_argument("--late", action="store_true")
     ap.add_argument("--merge", action="store_true")
+    ap.add_argument("--tma", action="store_true")
     a = ap.parse_args()
     if a.ncu:
         ncu_run(stages=a.stages, late=a.late, merge=a.merge)
@@ -606,7 +699,7 @@ def main() -> None:
     else:
         for dtype in (torch.float16, torch.bfloat16):
             compile_check(dtype, a.stages, a.kw, dump=a.dump, maxnreg=a.maxnreg, late=a.late,
-                          merge=a.merge)
+                          merge=a.merge, use_tma=a.tma)
 
 
 if __name__ == "__main__":

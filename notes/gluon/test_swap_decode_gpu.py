@@ -159,3 +159,33 @@ def test_merge_empty_splits(splits):
     got = swap_decode(q, view, splits, lengths, poison=True, merge=True, late=True)
     ref = attention_blockwise(q.float(), view)
     _compare(got, ref, torch.float16, f"merge splits={splits}")
+
+
+@pytest.mark.parametrize("ctx", [1, 37, 4096 + 13, 70000])
+@pytest.mark.parametrize("group", [2, 4])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("stages,fence", [(2, True), (3, True), (2, False)])
+def test_tma(ctx, group, batch, dtype, stages, fence):
+    """K / V staged by TMA box copies on mbarriers (streams merged in the kernel)."""
+    from swap_decode import swap_decode
+
+    from kvtax.attention import attention_blockwise
+
+    q, view, lengths = _build(ctx, group, batch, 1, dtype)
+    got = swap_decode(q, view, None, lengths, poison=True, merge=True, use_tma=True,
+                      stages=stages, fence=fence)
+    ref = attention_blockwise(q.float(), view)
+    _compare(got, ref, dtype, f"tma ctx={ctx} G={group} B={batch} {dtype} stages={stages}")
+
+
+@pytest.mark.parametrize("splits", [1, 3, 64])
+def test_tma_splits(splits):
+    from swap_decode import swap_decode
+
+    from kvtax.attention import attention_blockwise
+
+    q, view, lengths = _build(1000, 4, 2, 1, torch.float16)
+    got = swap_decode(q, view, splits, lengths, poison=True, merge=True, use_tma=True)
+    ref = attention_blockwise(q.float(), view)
+    _compare(got, ref, torch.float16, f"tma splits={splits}")
