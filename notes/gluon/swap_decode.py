@@ -659,6 +659,47 @@ def bench(reps: int = 20) -> None:
                   f"max|diff| vs triton {err:.2e}", flush=True)
 
 
+def compare(reps: int = 20) -> None:
+    """H200, fp16, Llama-3.1-8B layer, batch 1, L 1, contexts 32k / 128k, one process:
+    swap_decode (streams merged, cp.async, 2 stages, 8/SM) and kvtax's triton_attention
+    over int8 g64, against torch SDPA fp16 (cuDNN and flash) over the fp16 K / V the cache
+    was quantized from; CUDA graphs, both L2-flush modes of benchmarks/timing.py."""
+    from torch.nn.attention import SDPBackend
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from arms import sdpa_arm
+    from timing import Timer
+
+    from kvtax.attention.triton_api import triton_attention
+    from kvtax.cache import FullCache
+
+    for ctx in (32768, 131072):
+        cap = ctx + 52
+        k = torch.randn(1, 8, ctx, HEAD_DIM, dtype=torch.float16, device="cuda")
+        v = torch.randn_like(k)
+        cache = FullCache("int8", capacity=cap)
+        for t0 in range(0, ctx, 8192):
+            cache.append(k[:, :, t0:t0 + 8192], v[:, :, t0:t0 + 8192])
+        view = cache.view()
+        q = torch.randn(1, 32, 1, HEAD_DIM, dtype=torch.float16, device="cuda")
+        lengths = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
+        expect = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        arms = {"swap int8": lambda: swap_decode(q, view, None, lengths, stages=2, merge=True),
+                "triton_attention int8": lambda: triton_attention(q, view, lengths=lengths)}
+        for name, backend in (("sdpa cudnn fp16", SDPBackend.CUDNN_ATTENTION),
+                              ("sdpa flash fp16", SDPBackend.FLASH_ATTENTION)):
+            try:
+                arms[name] = sdpa_arm(q, k, v, backend, expect)[0]
+            except RuntimeError as e:
+                print(f"ctx {ctx} {name}: {e}", flush=True)
+        for flush in ("write", "read"):
+            timer = Timer(reps, dry=False, flush=flush)
+            for name, fn in arms.items():
+                t = timer(fn)
+                print(f"ctx {ctx} flush={flush} {name}: {t[0]:.4f} ms (p20 {t[1]:.4f}, "
+                      f"p80 {t[2]:.4f})", flush=True)
+
+
 def ncu_run(context: int = 131072, calls: int = 4, stages: int = 2, per_sm: int = 8,
             late: bool = False, merge: bool = False) -> None:
     """A few swap_decode calls over a Llama-3.1-8B layer's int8 cache, for Nsight Compute."""
@@ -691,8 +732,11 @@ def main() -> None:
     ap.add_argument("--late", action="store_true")
     ap.add_argument("--merge", action="store_true")
     ap.add_argument("--tma", action="store_true")
+    ap.add_argument("--compare", action="store_true", help="vs SDPA fp16 at 32k / 128k")
     a = ap.parse_args()
-    if a.ncu:
+    if a.compare:
+        compare()
+    elif a.ncu:
         ncu_run(stages=a.stages, late=a.late, merge=a.merge)
     elif a.bench:
         bench()
