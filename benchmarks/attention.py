@@ -105,7 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sweep-prefill-ctx", type=int, default=16384)
     p.add_argument("--sweep-formats", nargs="+", default=["fp16", "int8", "int4", "fp8"])
     p.add_argument("--sweep-variants", nargs="+", default=None,
-                   help=f"subset of {sorted({*SWEEP_DECODE, *SWEEP_PACKED, *SWEEP_PREFILL})}")
+                   help="names from SWEEP_DECODE, SWEEP_PACKED, SWEEP_SWAP, SWEEP_PREFILL")
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="start no new cell after this many seconds (rows so far are kept)")
     p.add_argument("--flush", choices=["write", "read"], default="write",
@@ -158,6 +158,12 @@ def build_arm(name, q, caches, kv, lengths, expect, args):
     return arms.unfused_arm(q, caches[fmt]), caches[fmt].used_nbytes, "dequantized K/V"
 
 
+# decode_swap.py (slots as the MMA's M; int8 / int4, G * L <= 4): swap_decode_config's
+# keyword arguments
+SWEEP_SWAP = {"swap": {}, "swap-s3": dict(num_stages=3), "swap-sm6": dict(per_sm=6),
+              "swap-sm12": dict(per_sm=12)}
+
+
 def sweep_config(tag, q, view, lengths) -> LaunchConfig:
     """The launch of one sweep variant (see SWEEP_DECODE / SWEEP_PACKED / SWEEP_PREFILL)."""
     import dataclasses
@@ -168,6 +174,11 @@ def sweep_config(tag, q, view, lengths) -> LaunchConfig:
     if base.path == "decode":
         if tag == "tile":
             return ta.tile_decode_config(q, view, lengths)
+        if tag in SWEEP_SWAP:
+            reason = ta.swap_reason(q, view)
+            if reason is not None:
+                raise ValueError(f"{tag}: {reason}")
+            return ta.swap_decode_config(q, view, lengths, **SWEEP_SWAP[tag])
         if tag in SWEEP_PACKED:
             hp = ta.heads_per_program(q, view)
             if hp < 2:
@@ -187,6 +198,7 @@ def cell_list(args):
             dec = [t for t in SWEEP_DECODE if keep(t)]
             if fmt in ("int8", "int4"):
                 dec += [t for t in SWEEP_PACKED if keep(t)]
+                dec += [t for t in SWEEP_SWAP if keep(t)]
             pre = [t for t in SWEEP_PREFILL if keep(t)]
             cells += [(max(args.contexts), "decode", f"kvtax-{fmt}@{t}") for t in dec]
             cells += [(args.sweep_prefill_ctx, "prefill", f"kvtax-{fmt}@{t}") for t in pre]

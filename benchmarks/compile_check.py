@@ -90,6 +90,25 @@ def attention_cases(full: bool):
         yield name, lambda q=q, v=cache.view(): ta.triton_attention(q, v)
 
 
+def swap_cases():
+    """decode_swap.py (int8 / int4 K and V, one or two groups per row, G * L <= 4)."""
+    from kvtax.attention import triton_api as ta
+    from kvtax.cache import FullCache
+
+    grid = [(s, 128, 4, 1, dt) for s in ("int8", "int4", "k8v4", "k4v8", "int8-g128")
+            for dt in (torch.float16, torch.bfloat16)]
+    grid += [("int8", 64, 2, 2, torch.float16), ("int4-g128", 256, 4, 1, torch.bfloat16)]
+    for spec, d, group, n_q, dtype in grid:
+        k = torch.randn(1, 2, 300, d, dtype=dtype)
+        cache = FullCache(spec)
+        cache.fused_store = False
+        cache.append(k, k)
+        q = torch.randn(1, 2 * group, n_q, d, dtype=dtype)
+        name = f"swap {spec} D{d} G{group} L{n_q} {dtype}"
+        yield name, lambda q=q, v=cache.view(): ta.triton_attention(
+            q, v, config=ta.swap_decode_config(q, v))
+
+
 def hybrid_cases(full: bool):
     """triton_attention_lse over a hybrid cache's parts (kvtax.attention.hybrid): the
     quantized body with the min_distance / min_key masks and the fp16 sink/recent ring,
@@ -197,7 +216,8 @@ def _resources(kernel) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, default=90)
-    p.add_argument("--only", choices=["attention", "sweep", "store", "gemv"], default=None)
+    p.add_argument("--only", choices=["attention", "swap", "sweep", "store", "gemv"],
+                   default=None)
     p.add_argument("--full", action="store_true", help="also the prefill path")
     p.add_argument("-v", action="store_true", help="print tracebacks")
     args = p.parse_args()
@@ -215,6 +235,9 @@ def main() -> int:
     if args.only in (None, "attention"):
         cases += list(attention_cases(args.full))
         cases += list(hybrid_cases(args.full))
+        cases += list(swap_cases())
+    if args.only == "swap":
+        cases += list(swap_cases())
     if args.only in (None, "sweep"):
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         cases += list(sweep_cases())

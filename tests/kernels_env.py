@@ -19,7 +19,8 @@ HAS_CUDA = torch.cuda.is_available()
 _KERNEL_MODULES = (
     "kvtax.attention.kernels.dequant", "kvtax.attention.kernels.common",
     "kvtax.attention.kernels.prefill", "kvtax.attention.kernels.decode",
-    "kvtax.attention.kernels.reduce", "kvtax.attention.triton_api",
+    "kvtax.attention.kernels.reduce", "kvtax.attention.kernels.decode_swap",
+    "kvtax.attention.triton_api",
 )
 
 

@@ -28,6 +28,7 @@ import triton
 
 from kvtax.attention.kernels.decode import _decode_attn_split_kernel
 from kvtax.attention.kernels.decode_packed import _decode_packed_kernel
+from kvtax.attention.kernels.decode_swap import _decode_swap_kernel
 from kvtax.attention.kernels.decode_warp import _decode_warp_kernel
 from kvtax.attention.kernels.prefill import _prefill_attn_fwd_kernel
 from kvtax.attention.kernels.reduce import _decode_attn_reduce_kernel
@@ -58,8 +59,9 @@ class LaunchConfig:
     num_splits: int = 1
     fold: bool = False  # apply K/V scales to scores / P instead of every element (decode)
     f16_math: bool = True  # fp16 models dequantize in fp16
-    kernel: str = "tile"  # decode: "warp" (decode_warp.py, one warp per split), "packed"
-    # (decode_packed.py: heads_per_program KV heads' rows in one tile) or "tile"
+    kernel: str = "tile"  # decode: "warp" (decode_warp.py, one warp per split), "swap"
+    # (decode_swap.py: slots as the MMA's M), "packed" (decode_packed.py:
+    # heads_per_program KV heads' rows in one tile) or "tile"
     heads_per_program: int = 1
     maxnreg: int | None = None  # register cap per thread (more resident warps), or None
     v_pairs: bool = True  # warp decode: int8/int4 V read as uint16 pairs where possible
@@ -176,6 +178,51 @@ def warp_decode_config(
     splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
     return LaunchConfig("decode", 16, block_n, num_warps, num_stages, splits, kernel="warp",
                         maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided)
+
+
+def swap_decode_config(
+    q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
+    per_sm: int = 8, num_stages: int = 2,
+) -> LaunchConfig:
+    """decode_swap.py's launch: one warp per program, 32-slot steps, `per_sm` programs per
+    SM (8, two stages: the best of the Gluon draft's sweep on the H200, notes/KERNELS.md
+    session 9); splits of >= 4 steps."""
+    bh = q.shape[0] * view.num_kv_heads
+    steps = triton.cdiv(max(_max_slots(view, lengths), 1), 32)
+    want = max(1, per_sm * _sm_count(q.device) // bh)
+    splits = max(1, min(want, triton.cdiv(steps, 4), 1024))
+    return LaunchConfig("decode", 16, 32, 1, num_stages, splits, kernel="swap")
+
+
+def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
+    """None when decode_swap.py serves this call: G * L <= 4 fp16 / bf16 query rows, a
+    full cache (no ring, window or sinks), head_dim 64 / 128 / 256, int8 or int4 K and V
+    with one scale group per row or per half row, packed scale rows (pairs of 16-bit
+    values 4-byte aligned when two groups), V code rows 2-byte aligned."""
+    n_q, h_q, d = q.shape[2], q.shape[1], view.head_dim
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"queries are {q.dtype}"
+    if h_q // view.num_kv_heads * n_q > 4:
+        return f"G * L = {h_q // view.num_kv_heads * n_q} > 4"
+    if view.ring or view.window is not None or view.sinks:
+        return "ring / window / sinks"
+    if d not in (64, 128, 256):
+        return f"head_dim {d} not in (64, 128, 256)"
+    for part, fmt, qt in (("key", view.spec.key, view.k), ("value", view.spec.value, view.v)):
+        if not isinstance(fmt, AffineFormat) or fmt.n_bits not in (4, 8):
+            return f"{part} format {fmt} is not int8 / int4"
+        if fmt.group_size < d // 2:
+            return f"{part} group size {fmt.group_size} < head_dim / 2"
+        ng = d // fmt.group_size
+        sc, bi = qt.scales, qt.biases
+        if sc.stride() != bi.stride() or sc.stride(-2) != ng:
+            return f"{part} scale rows are not packed"
+        if ng == 2 and (any(t.data_ptr() % 4 for t in (sc, bi))
+                        or any(st % 2 for st in sc.stride()[:2])):
+            return f"{part} scale pairs are not 4-byte aligned"
+    if not _v_pairs(view):
+        return "value code rows are not 2-byte aligned"
+    return None
 
 
 def packed_decode_config(
@@ -483,6 +530,21 @@ def _triton_attention(
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
             *q.stride(), *strides, HP=hp, K_NG=d // view.spec.key.group_size,
             V_NG=d // view.spec.value.group_size, ASM=not _interpreting(), **args,
+        )
+    elif cfg.kernel == "swap":
+        reason = swap_reason(q, view)
+        if reason is None and (min_distance or min_key or kv_start is not None):
+            reason = "hybrid-cache masks / left padding are decode_warp.py's"
+        if reason is not None:
+            raise ShapeError(f"decode_swap kernel cannot run this call: {reason}")
+        k_ng = d // view.spec.key.group_size
+        v_ng = d // view.spec.value.group_size
+        _decode_swap_kernel[(b * h_kv, splits)](
+            q, part_o, part_m, part_l, *cache_args[:7], scalars[0], n_q, splits, h_kv,
+            qk_scale, cap_log2, *q.stride(), *strides,
+            G=group, HEAD_DIM=d, K_FMT=k_fmt, K_NG=k_ng, V_FMT=v_fmt, V_NG=v_ng,
+            SOFTCAP=bool(softcap), HAS_LENS=lengths is not None, ASM=not _interpreting(),
+            num_warps=1, num_stages=cfg.num_stages,
         )
     elif cfg.kernel == "warp":
         reason = _warp_reason(view)

@@ -1,0 +1,384 @@
+"""Single-warp split-KV decode with the slots as the MMA's M ("swapped"), for int8 / int4.
+
+Same grid and partials as `decode_warp.py` (`(B * H_kv, num_splits)` one-warp programs,
+split s taking tiles s, s + S, ...; `reduce.py` merges the splits), for the common decode
+case: a full cache, G * L <= 4 query rows per KV head, integer K and V with at most one
+scale group per half row.
+
+Why swapped. decode_warp computes scores as Q [16 rows, D] @ K^T: mma.sync's M = 16 rows,
+of which G * L = 4 are real at Llama's GQA, so three quarters of the score tile, of the
+softmax math and of the [16, D] fp32 accumulator (64 registers per lane) are padding.
+Here the slots are M and the query rows N (m16n8k16, N = 8):
+
+    S^T [16 slots, 8] = K [16 slots, D] @ Q^T [D, 8]
+    O^T [D, 8]       += V^T [D, 16 slots] @ P^T [16 slots, 8]
+
+and the 8 columns hold two *streams* of 4 rows: a 32-slot step is two 16-slot halves,
+stream 0 scored against Q in columns 0..3 and stream 1 against Q in columns 4..7 (block-
+diagonal Q operands, zeros in the other stream's columns; two accumulating dots). Every
+column of the score tile is real, each stream keeps its own softmax state (per column),
+and the two streams are merged at the end of the split. The accumulator is [D, 8]: a
+quarter of decode_warp's. A Gluon draft of the same design measured 0.083 ms against
+decode_warp's 0.091 at 128k int8 on the H200 (notes/KERNELS.md, session 9).
+
+Codes enter the dots as fp16 1024 + c (0x6400 | c: one `prmt` per two codes on the GPU,
+no subtraction); the offset goes into the bias (k = s c + b = s x + (b - 1024 s) for
+x = 1024 + c). For V, `acc - 1024 * sum(P16)` recovers P16 @ c, where P16 is the fp16
+operand exactly as the MMA saw it (taking the offset from the fp32 P instead leaves fp16
+rounding times 1024 uncancelled: relative RMS error 4.2e-3 on the H200 at 37 tokens).
+V is read as uint16 pairs of dims (ldmatrix-able once transposed), split into even-dim
+and odd-dim operands; output dims are interleaved back at the store.
+
+Formats (FMT): 1 int8, 2 int4 (split halves: byte j holds dim j in its low nibble and
+dim j + D/2 in its high one). NG: scale groups per row (1 or 2; 2 = one per half).
+"""
+
+import triton
+import triton.language as tl
+
+from kvtax.attention.kernels.common import _tanh, sequence_of
+
+_X8_ASM = tl.constexpr("""{
+    prmt.b32 $0, $2, 0x64646464, 0x4140;
+    prmt.b32 $1, $2, 0x64646464, 0x4342;
+    }""")
+_X4_ASM = tl.constexpr("""{
+    .reg .b32 lo, hi;
+    and.b32 lo, $4, 0x0F0F0F0F;
+    shr.b32 hi, $4, 4;
+    and.b32 hi, hi, 0x0F0F0F0F;
+    prmt.b32 $0, lo, 0x64646464, 0x4140;
+    prmt.b32 $1, lo, 0x64646464, 0x4342;
+    prmt.b32 $2, hi, 0x64646464, 0x4140;
+    prmt.b32 $3, hi, 0x64646464, 0x4342;
+    }""")
+_X8_PAIRS_ASM = tl.constexpr("""{
+    prmt.b32 $0, $2, 0x64646464, 0x4240;
+    prmt.b32 $1, $2, 0x64646464, 0x4341;
+    }""")
+_X4_PAIRS_ASM = tl.constexpr("""{
+    .reg .b32 lo, hi;
+    and.b32 lo, $4, 0x0F0F0F0F;
+    shr.b32 hi, $4, 4;
+    and.b32 hi, hi, 0x0F0F0F0F;
+    prmt.b32 $0, lo, 0x64646464, 0x4240;
+    prmt.b32 $1, lo, 0x64646464, 0x4341;
+    prmt.b32 $2, hi, 0x64646464, 0x4240;
+    prmt.b32 $3, hi, 0x64646464, 0x4341;
+    }""")
+
+
+@triton.jit
+def _x(c):
+    """Codes (< 1024, any integer dtype) -> fp16 1024 + c, exact: 0x6400 | c."""
+    return (c.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _k_halves(byte_lo, byte_hi, FMT: tl.constexpr, ASM: tl.constexpr):
+    """K code tiles -> (lo-half, hi-half) fp16 operands of 1024 + c. int8: byte_lo /
+    byte_hi are the two halves' bytes; int4: byte_lo holds both (byte_hi unused)."""
+    if FMT == 2:
+        if ASM:
+            lo, hi = tl.inline_asm_elementwise(
+                asm=_X4_ASM, constraints="=r,=r,=r,=r,r", args=[byte_lo],
+                dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        else:
+            lo = _x(byte_lo & 0xF)
+            hi = _x(byte_lo >> 4)
+    else:
+        if ASM:
+            lo = tl.inline_asm_elementwise(asm=_X8_ASM, constraints="=r,=r,r", args=[byte_lo],
+                                           dtype=tl.float16, is_pure=True, pack=4)
+            hi = tl.inline_asm_elementwise(asm=_X8_ASM, constraints="=r,=r,r", args=[byte_hi],
+                                           dtype=tl.float16, is_pure=True, pack=4)
+        else:
+            lo = _x(byte_lo)
+            hi = _x(byte_hi)
+    return lo, hi
+
+
+@triton.jit
+def _v_quarters(w_lo, w_hi, FMT: tl.constexpr, ASM: tl.constexpr):
+    """Transposed V pair tiles [D/4, slots] uint16 -> four fp16 operands of 1024 + c for
+    the dims (2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1). int8: w_lo / w_hi hold the pairs of
+    the lo / hi half; int4: w_lo holds bytes (2j, 2j + 1), whose low nibbles are dims
+    2j, 2j + 1 and high nibbles dims D/2 + 2j, D/2 + 2j + 1 (w_hi unused)."""
+    if FMT == 2:
+        if ASM:
+            a, b, c, d = tl.inline_asm_elementwise(
+                asm=_X4_PAIRS_ASM, constraints="=r,=r,=r,=r,r", args=[w_lo],
+                dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
+        else:
+            a = _x(w_lo & 0xF)
+            b = _x((w_lo >> 8) & 0xF)
+            c = _x((w_lo >> 4) & 0xF)
+            d = _x(w_lo >> 12)
+    else:
+        if ASM:
+            a, b = tl.inline_asm_elementwise(
+                asm=_X8_PAIRS_ASM, constraints="=r,=r,r", args=[w_lo],
+                dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+            c, d = tl.inline_asm_elementwise(
+                asm=_X8_PAIRS_ASM, constraints="=r,=r,r", args=[w_hi],
+                dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+        else:
+            a = _x(w_lo & 0xFF)
+            b = _x(w_lo >> 8)
+            c = _x(w_hi & 0xFF)
+            d = _x(w_hi >> 8)
+    return a, b, c, d
+
+
+@triton.jit
+def _meta(p_s, p_b, slot, m, s_mt, NG: tl.constexpr):
+    """Scales and biases of the slots `slot` ([16, 8] int32), float32: (s_lo, b_lo, s_hi,
+    b_hi). NG = 2 reads each slot's (lo, hi) pair of model-dtype values as one 32-bit
+    word (the wrapper checks the rows are packed and 4-byte aligned)."""
+    if NG == 2:
+        w_s = tl.load(p_s.to(tl.pointer_type(tl.int32), bitcast=True) + slot, mask=m, other=0)
+        w_b = tl.load(p_b.to(tl.pointer_type(tl.int32), bitcast=True) + slot, mask=m, other=0)
+        dt = p_s.dtype.element_ty
+        s_lo = w_s.to(tl.int16).to(dt, bitcast=True).to(tl.float32)
+        s_hi = (w_s >> 16).to(tl.int16).to(dt, bitcast=True).to(tl.float32)
+        b_lo = w_b.to(tl.int16).to(dt, bitcast=True).to(tl.float32)
+        b_hi = (w_b >> 16).to(tl.int16).to(dt, bitcast=True).to(tl.float32)
+    else:
+        off = slot.to(tl.int64) * s_mt
+        s_lo = tl.load(p_s + off, mask=m, other=0.0).to(tl.float32)
+        b_lo = tl.load(p_b + off, mask=m, other=0.0).to(tl.float32)
+        s_hi = s_lo
+        b_hi = b_lo
+    return s_lo, b_lo, s_hi, b_hi
+
+
+@triton.jit
+def _tiles(p_kc, p_vc, slot0, length, s_kc_t, s_vc_t, HEAD_DIM: tl.constexpr,
+           K_FMT: tl.constexpr, V_FMT: tl.constexpr, MASKED: tl.constexpr):
+    """One stream's 16 slots from slot0: K bytes (lo, hi; int4: both halves in lo) as
+    [16, D/2] uint8 and V pairs (lo, hi; int4: all in lo) as [D/4, 16] uint16, the V
+    tile addressed transposed so that it feeds the dot as loaded (an explicit tl.trans
+    kept Triton's pipeliner from staging it through cp.async: plain loads every step)."""
+    DH: tl.constexpr = HEAD_DIM // 2
+    DQ: tl.constexpr = HEAD_DIM // 4
+    o_s = slot0 + tl.arange(0, 16)
+    o_d = tl.arange(0, DH)
+    o_j = tl.arange(0, DQ)
+    p_k = p_kc + o_s.to(tl.int64)[:, None] * s_kc_t + o_d[None, :]
+    p16 = p_vc.to(tl.pointer_type(tl.uint16), bitcast=True)
+    p_v = p16 + o_s.to(tl.int64)[None, :] * (s_vc_t // 2) + o_j[:, None]
+    if MASKED:
+        m = (o_s < length)[:, None]
+        k_lo = tl.load(p_k, mask=m, other=0)
+        v_lo = tl.load(p_v, mask=m.T, other=0)
+        if K_FMT == 1:
+            k_hi = tl.load(p_k + DH, mask=m, other=0)
+        else:
+            k_hi = k_lo
+        if V_FMT == 1:
+            v_hi = tl.load(p_v + DQ, mask=m.T, other=0)
+        else:
+            v_hi = v_lo
+    else:
+        k_lo = tl.load(p_k)
+        v_lo = tl.load(p_v)
+        if K_FMT == 1:
+            k_hi = tl.load(p_k + DH)
+        else:
+            k_hi = k_lo
+        if V_FMT == 1:
+            v_hi = tl.load(p_v + DQ)
+        else:
+            v_hi = v_lo
+    return k_lo, k_hi, v_lo, v_hi
+
+
+@triton.jit
+def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
+          kmeta, vmeta, start, step, length, q_pos,
+          bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
+          p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
+          qk_scale, cap_log2,
+          HEAD_DIM: tl.constexpr, K_FMT: tl.constexpr, K_NG: tl.constexpr,
+          V_FMT: tl.constexpr, V_NG: tl.constexpr, SOFTCAP: tl.constexpr,
+          ASM: tl.constexpr, MASKED: tl.constexpr):
+    """One 32-slot step at `start` (two 16-slot streams). This step's metadata comes in
+    (kmeta, vmeta: (s_lo, b_lo, s_hi, b_hi) tuples of [16, 8]); the next step's goes out."""
+    k0_lo, k0_hi, v0_lo, v0_hi = _tiles(p_kc, p_vc, start, length, s_kc_t, s_vc_t,
+                                        HEAD_DIM, K_FMT, V_FMT, MASKED)
+    k1_lo, k1_hi, v1_lo, v1_hi = _tiles(p_kc, p_vc, start + 16, length, s_kc_t, s_vc_t,
+                                        HEAD_DIM, K_FMT, V_FMT, MASKED)
+    # next step's metadata, loaded a step ahead (plain loads the pipeliner does not stage)
+    nslot = start + step + moff
+    nm = nslot < length
+    nk = _meta(p_ks, p_kb, nslot, nm, s_km_t, K_NG)
+    nv = _meta(p_vs, p_vb, nslot, nm, s_vm_t, V_NG)
+    ks_lo, kb_lo, ks_hi, kb_hi = kmeta
+    vs_lo, vb_lo, vs_hi, vb_hi = vmeta
+
+    # ---- scores S^T [16, 8]: column c is stream c // 4, row c % 4
+    zs = tl.zeros([16, 8], dtype=tl.float32)
+    a0_lo, a0_hi = _k_halves(k0_lo, k0_hi, K_FMT, ASM)
+    a1_lo, a1_hi = _k_halves(k1_lo, k1_hi, K_FMT, ASM)
+    d_lo = tl.dot(a1_lo, bq_lo1, tl.dot(a0_lo, bq_lo0, zs))
+    d_hi = tl.dot(a1_hi, bq_hi1, tl.dot(a0_hi, bq_hi0, zs))
+    # int4 codes enter as 1024 + n for both halves (the hi nibble shifted down)
+    sc = (d_lo * (ks_lo * qk_scale) + d_hi * (ks_hi * qk_scale)
+          + qs_lo[None, :] * ((kb_lo - 1024.0 * ks_lo) * qk_scale)
+          + qs_hi[None, :] * ((kb_hi - 1024.0 * ks_hi) * qk_scale))
+    if SOFTCAP:
+        sc = cap_log2 * _tanh(sc)
+    if MASKED:
+        sc = tl.where((start + moff) <= q_pos[None, :], sc, float("-inf"))
+
+    # ---- online softmax per column, rescaled every step
+    m_new = tl.maximum(m_i, tl.max(sc, 0))
+    alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp2(m_i - m_new))
+    m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
+    al = alpha[None, :]
+    l_acc = l_acc * al + p
+    b_lo = b_lo * al + p * vb_lo
+    b_hi = b_hi * al + p * vb_hi
+    # acc holds P @ (V / t_v): t_v tracks the largest V scale so P * s / t_v <= 1 in fp16
+    t_new = tl.maximum(t_v, tl.max(tl.max(tl.maximum(vs_lo, vs_hi), 1), 0))
+    f = (alpha * (t_v / t_new))[None, :]
+    inv_t = 1.0 / t_new
+    p16_lo = (p * (vs_lo * inv_t)).to(tl.float16)
+    p16_hi = (p * (vs_hi * inv_t)).to(tl.float16)
+    s_lo = s_lo * f + p16_lo.to(tl.float32)
+    s_hi = s_hi * f + p16_hi.to(tl.float32)
+    first = (col < 4)[None, :]
+    p0_lo = tl.where(first, p16_lo, 0.0)
+    p1_lo = tl.where(first, 0.0, p16_lo)
+    p0_hi = tl.where(first, p16_hi, 0.0)
+    p1_hi = tl.where(first, 0.0, p16_hi)
+
+    # ---- O^T [D, 8] += V^T @ P^T, per stream, even / odd dims, lo / hi halves
+    e0, o0, e1, o1 = _v_quarters(v0_lo, v0_hi, V_FMT, ASM)
+    acc_a = tl.dot(e0, p0_lo, acc_a * f)
+    acc_b = tl.dot(o0, p0_lo, acc_b * f)
+    acc_c = tl.dot(e1, p0_hi, acc_c * f)
+    acc_d = tl.dot(o1, p0_hi, acc_d * f)
+    e0, o0, e1, o1 = _v_quarters(v1_lo, v1_hi, V_FMT, ASM)
+    acc_a = tl.dot(e0, p1_lo, acc_a)
+    acc_b = tl.dot(o0, p1_lo, acc_b)
+    acc_c = tl.dot(e1, p1_hi, acc_c)
+    acc_d = tl.dot(o1, p1_hi, acc_d)
+    return (acc_a, acc_b, acc_c, acc_d, m_new, l_acc, b_lo, b_hi, s_lo, s_hi, t_new,
+            nk, nv)
+
+
+@triton.jit
+def _fold(x, w, DQ: tl.constexpr):
+    """[D/4, 8] columns (stream, row), weighted by w [8] -> [D/4, 4] rows."""
+    return tl.sum(tl.reshape(x * w[None, :], (DQ, 2, 4)), 1)
+
+
+@triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
+def _decode_swap_kernel(
+    Q, PartO, PartM, PartL, Kc, Ks, Kb, Vc, Vs, Vb, Lens,
+    length_host, n_q, num_splits, n_kv_heads, qk_scale, cap_log2,
+    s_qb, s_qh, s_ql, s_qd,
+    s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
+    s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr,
+    K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_LENS: tl.constexpr, ASM: tl.constexpr,
+):
+    """Grid (B * H_kv, S), one warp. Writes PartO [B*H_kv, S, R, D], PartM / PartL
+    [B*H_kv, S, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator."""
+    DH: tl.constexpr = HEAD_DIM // 2
+    DQ: tl.constexpr = HEAD_DIM // 4
+    BN: tl.constexpr = 32
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b, h, length, num_slots, kv0 = sequence_of(
+        pid_bh, n_kv_heads, Lens, Lens, length_host, 0, 1, False, HAS_LENS, False)
+    n_rows = G * n_q
+
+    # ---- queries as block-diagonal B operands [D/2, 8] per half (fp16, as the codes)
+    o_k = tl.arange(0, DH)
+    col = tl.arange(0, 8)
+    r = col % 4
+    p_q = (Q + b * s_qb + (h * G + r % G).to(tl.int64)[None, :] * s_qh
+           + (r // G).to(tl.int64)[None, :] * s_ql + o_k[:, None] * s_qd)
+    m_q = (r < n_rows)[None, :]
+    q_lo = tl.load(p_q, mask=m_q, other=0.0).to(tl.float16)
+    q_hi = tl.load(p_q + DH * s_qd, mask=m_q, other=0.0).to(tl.float16)
+    top = (col < 4)[None, :]
+    bq_lo0 = tl.where(top, q_lo, 0.0)
+    bq_lo1 = tl.where(top, 0.0, q_lo)
+    bq_hi0 = tl.where(top, q_hi, 0.0)
+    bq_hi1 = tl.where(top, 0.0, q_hi)
+    qs_lo = tl.sum(q_lo.to(tl.float32), 0)  # of the operand the dots see
+    qs_hi = tl.sum(q_hi.to(tl.float32), 0)
+    q_pos = length - n_q + r // G  # causal bottom-right; padded columns are never stored
+
+    p_kc = Kc + b * s_kc_b + h * s_kc_h
+    p_vc = Vc + b * s_vc_b + h * s_vc_h
+    p_ks = Ks + b * s_km_b + h * s_km_h
+    p_kb = Kb + b * s_km_b + h * s_km_h
+    p_vs = Vs + b * s_vm_b + h * s_vm_h
+    p_vb = Vb + b * s_vm_b + h * s_vm_h
+    moff = tl.arange(0, 16)[:, None] + 16 * (col // 4)[None, :]  # slot of each score
+
+    acc_a = tl.zeros([DQ, 8], dtype=tl.float32)  # dims 2j
+    acc_b = tl.zeros([DQ, 8], dtype=tl.float32)  # dims 2j + 1
+    acc_c = tl.zeros([DQ, 8], dtype=tl.float32)  # dims D/2 + 2j
+    acc_d = tl.zeros([DQ, 8], dtype=tl.float32)  # dims D/2 + 2j + 1
+    m_i = tl.full([8], float("-inf"), dtype=tl.float32)
+    zt = tl.zeros([16, 8], dtype=tl.float32)
+    l_acc = zt  # per-lane partial sums, reduced over the slots at the end
+    b_lo = zt   # sum P * vb per half
+    b_hi = zt
+    s_lo = zt   # sum of the fp16 P operand per half (the 1024 offset, see the docstring)
+    s_hi = zt
+    t_v = 1e-30
+
+    # strided tiles: split s takes s, s + S, ...; full ones unmasked, the ragged last masked
+    off = split * BN
+    step = num_splits * BN
+    full_end = (length - n_q + 1) // BN * BN  # every row sees every slot below this
+    first_slot = off + moff
+    mk = first_slot < length
+    kmeta = _meta(p_ks, p_kb, first_slot, mk, s_km_t, K_NG)
+    vmeta = _meta(p_vs, p_vb, first_slot, mk, s_vm_t, V_NG)
+    for start in range(off, full_end, step):
+        (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
+         kmeta, vmeta) = _step(
+            acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
+            kmeta, vmeta, start, step, length, q_pos,
+            bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
+            p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
+            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, False)
+    tail = off + tl.cdiv(tl.maximum(full_end - off, 0), step) * step
+    for start in range(tail, length, step):
+        (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
+         kmeta, vmeta) = _step(
+            acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
+            kmeta, vmeta, start, step, length, q_pos,
+            bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
+            p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
+            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, True)
+
+    # ---- merge the two streams (columns c and c + 4), write one partial per split
+    mx = tl.max(tl.reshape(m_i, (2, 4)), 0)
+    mxb = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.reshape(tl.exp2(tl.reshape(m_i, (2, 4)) - mxb[None, :]), (8,))
+    l4 = tl.sum(tl.reshape(tl.sum(l_acc, 0) * w, (2, 4)), 0)
+    ol = 1024.0 * tl.sum(s_lo, 0)[None, :]
+    oh = 1024.0 * tl.sum(s_hi, 0)[None, :]
+    bl = tl.sum(b_lo, 0)[None, :]
+    bh = tl.sum(b_hi, 0)[None, :]
+    o_r = tl.arange(0, 4)
+    row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_r
+    m_row = o_r < n_rows
+    tl.store(PartM + row, mx, mask=m_row)
+    tl.store(PartL + row, l4, mask=m_row)
+    p_o = PartO + row[None, :] * HEAD_DIM + 2 * tl.arange(0, DQ)[:, None]
+    m_o = m_row[None, :]
+    tl.store(p_o, _fold((acc_a - ol) * t_v + bl, w, DQ), mask=m_o)
+    tl.store(p_o + 1, _fold((acc_b - ol) * t_v + bl, w, DQ), mask=m_o)
+    tl.store(p_o + DH, _fold((acc_c - oh) * t_v + bh, w, DQ), mask=m_o)
+    tl.store(p_o + DH + 1, _fold((acc_d - oh) * t_v + bh, w, DQ), mask=m_o)
