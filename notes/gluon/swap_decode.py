@@ -88,6 +88,44 @@ def _x8_pairs(w):
 
 
 @gluon.jit
+def _x4(c):
+    """Packed int4 bytes (4 per 32-bit word; low nibble = a lo-half dim, high nibble the
+    dim D/2 further) -> (fp16 1024 + lo nibble, fp16 1024 + hi nibble)."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 lo, hi;
+        and.b32 lo, $4, 0x0F0F0F0F;
+        shr.b32 hi, $4, 4;
+        and.b32 hi, hi, 0x0F0F0F0F;
+        prmt.b32 $0, lo, 0x64646464, 0x4140;
+        prmt.b32 $1, lo, 0x64646464, 0x4342;
+        prmt.b32 $2, hi, 0x64646464, 0x4140;
+        prmt.b32 $3, hi, 0x64646464, 0x4342;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[c], dtype=(gl.float16, gl.float16), is_pure=True,
+        pack=4)
+
+
+@gluon.jit
+def _x4_pairs(w):
+    """uint16 = packed int4 bytes (2j, 2j + 1), two slots per word -> fp16 1024 + nibble
+    for dims 2j, 2j + 1 (low nibbles), D/2 + 2j, D/2 + 2j + 1 (high nibbles)."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 lo, hi;
+        and.b32 lo, $4, 0x0F0F0F0F;
+        shr.b32 hi, $4, 4;
+        and.b32 hi, hi, 0x0F0F0F0F;
+        prmt.b32 $0, lo, 0x64646464, 0x4240;
+        prmt.b32 $1, lo, 0x64646464, 0x4341;
+        prmt.b32 $2, hi, 0x64646464, 0x4240;
+        prmt.b32 $3, hi, 0x64646464, 0x4341;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[w],
+        dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=2)
+
+
+@gluon.jit
 def _halves(w, MDT: gl.constexpr):
     """uint32 words (lo-half value, hi-half value) in the model dtype -> two fp32."""
     lo = w.to(gl.int16).to(MDT, bitcast=True).to(gl.float32)
@@ -97,17 +135,17 @@ def _halves(w, MDT: gl.constexpr):
 
 @gluon.jit
 def _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16, tile, length,
-           STAGES: gl.constexpr, i, BN: gl.constexpr, D: gl.constexpr):
-    """cp.async of one step's K codes [BN, D] uint8 and V pairs [BN, D/2] uint16 into
+           STAGES: gl.constexpr, i, BN: gl.constexpr, KB: gl.constexpr, VP: gl.constexpr):
+    """cp.async of one step's K codes [BN, KB] uint8 and V pairs [BN, VP] uint16 into
     stage i % STAGES (16 B per lane per copy; slots >= length zero-fill), one group."""
     s = i % STAGES
     slot8 = tile * BN + rows8
-    cp_async_load(k_smem.index(s), p_kc + slot8.to(gl.int64)[:, None] * D + cols8[None, :],
-                  mask=(slot8 < length)[:, None] & (cols8 < D)[None, :])
+    cp_async_load(k_smem.index(s), p_kc + slot8.to(gl.int64)[:, None] * KB + cols8[None, :],
+                  mask=(slot8 < length)[:, None] & (cols8 < KB)[None, :])
     slot16 = tile * BN + rows16
     cp_async_load(v_smem.index(s),
-                  p_vc + slot16.to(gl.int64)[:, None] * (D // 2) + cols16[None, :],
-                  mask=(slot16 < length)[:, None] & (cols16 < D // 2)[None, :])
+                  p_vc + slot16.to(gl.int64)[:, None] * VP + cols16[None, :],
+                  mask=(slot16 < length)[:, None] & (cols16 < VP)[None, :])
     async_copy.commit_group()
 
 
@@ -136,7 +174,7 @@ def swap_decode_kernel(
     kl_desc, kh_desc, vl_desc, vh_desc, cap,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
     KW: gl.constexpr, LATE: gl.constexpr, MERGE: gl.constexpr, TMA: gl.constexpr,
-    FENCE: gl.constexpr,
+    FENCE: gl.constexpr, INT4: gl.constexpr,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, D]; vc: the V codes
     as uint16 pairs [B, H, slots, D/2]; ksw ... vbw: uint32 words [B, H, slots] (lo-half
@@ -208,23 +246,29 @@ def swap_decode_kernel(
                        split + j * num_splits, j < n_my, STAGES, j, BN, D)
     else:
         # ---- staging: K codes and V pairs through a STAGES-deep cp.async ring
-        swz8: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8,
+        # row widths: int8 K D bytes, V D/2 pairs; int4 (split halves) K D/2 bytes, V D/4
+        KB: gl.constexpr = D // 2 if INT4 else D
+        VP: gl.constexpr = D // 4 if INT4 else D // 2
+        PHASES: gl.constexpr = 8 if KB == 128 else 4  # 16-byte chunks per 128-byte line
+        PER: gl.constexpr = 1 if KB == 128 else 2     # rows per 128-byte line
+        swz8: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=PER, max_phase=PHASES,
                                                      order=[1, 0])
-        swz16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
+        swz16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=PER, max_phase=PHASES,
                                                       order=[1, 0])
-        k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, D], swz8)
-        v_smem = gl.allocate_shared_memory(gl.uint16, [STAGES, BN, D // 2], swz16)
-        ld8: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [1, 1], [1, 0])
-        ld16: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
+        k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, KB], swz8)
+        v_smem = gl.allocate_shared_memory(gl.uint16, [STAGES, BN, VP], swz16)
+        LANES: gl.constexpr = KB // 16  # lanes across a row (16 B each)
+        ld8: gl.constexpr = gl.BlockedLayout([1, 16], [32 // LANES, LANES], [1, 1], [1, 0])
+        ld16: gl.constexpr = gl.BlockedLayout([1, 8], [32 // LANES, LANES], [1, 1], [1, 0])
         rows8 = gl.arange(0, BN, layout=gl.SliceLayout(1, ld8))
-        cols8 = gl.arange(0, D, layout=gl.SliceLayout(0, ld8))
+        cols8 = gl.arange(0, KB, layout=gl.SliceLayout(0, ld8))
         rows16 = gl.arange(0, BN, layout=gl.SliceLayout(1, ld16))
-        cols16 = gl.arange(0, D // 2, layout=gl.SliceLayout(0, ld16))
+        cols16 = gl.arange(0, VP, layout=gl.SliceLayout(0, ld16))
         p_kc = kc + b * s_kc_b + h * s_kc_h
         p_vc = vc + b * s_vc_b + h * s_vc_h
         for j in gl.static_range(STAGES - 1):  # tiles past n_my lie past length: zero-filled
             _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
-                   split + j * num_splits, length, STAGES, j, BN, D)
+                   split + j * num_splits, length, STAGES, j, BN, KB, VP)
 
     # metadata of step 0 (registers, one step ahead)
     slot_m = split * BN + moff
@@ -269,7 +313,8 @@ def swap_decode_kernel(
             _bar()  # every lane's copies of stage s landed; stage (i - 1) % STAGES is free
             if not LATE:
                 _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
-                       tile + (STAGES - 1) * num_splits, length, STAGES, i + STAGES - 1, BN, D)
+                       tile + (STAGES - 1) * num_splits, length, STAGES, i + STAGES - 1, BN,
+                       KB, VP)
         ksw_c = ksw_n
         kbw_c = kbw_n
         vsw_c = vsw_n
@@ -287,16 +332,22 @@ def swap_decode_kernel(
             k1l = kl_s.index(s).slice(SUB, SUB, 0)
             k0h = kh_s.index(s).slice(0, SUB, 0)
             k1h = kh_s.index(s).slice(SUB, SUB, 0)
-        else:
+        elif not INT4:
             k_st = k_smem.index(s)
             k0l = k_st.slice(0, SUB, 0).slice(0, DH, 1)
             k1l = k_st.slice(SUB, SUB, 0).slice(0, DH, 1)
             k0h = k_st.slice(0, SUB, 0).slice(DH, DH, 1)
             k1h = k_st.slice(SUB, SUB, 0).slice(DH, DH, 1)
-        d_lo = mma_v2(_x8(k0l.load(ka_l)), bq_lo0, zs)
-        d_lo = mma_v2(_x8(k1l.load(ka_l)), bq_lo1, d_lo)
-        d_hi = mma_v2(_x8(k0h.load(ka_l)), bq_hi0, zs)
-        d_hi = mma_v2(_x8(k1h.load(ka_l)), bq_hi1, d_hi)
+        if INT4:  # one byte tile per stream holds both halves
+            a0_lo, a0_hi = _x4(k_smem.index(s).slice(0, SUB, 0).load(ka_l))
+            a1_lo, a1_hi = _x4(k_smem.index(s).slice(SUB, SUB, 0).load(ka_l))
+            d_lo = mma_v2(a1_lo, bq_lo1, mma_v2(a0_lo, bq_lo0, zs))
+            d_hi = mma_v2(a1_hi, bq_hi1, mma_v2(a0_hi, bq_hi0, zs))
+        else:
+            d_lo = mma_v2(_x8(k0l.load(ka_l)), bq_lo0, zs)
+            d_lo = mma_v2(_x8(k1l.load(ka_l)), bq_lo1, d_lo)
+            d_hi = mma_v2(_x8(k0h.load(ka_l)), bq_hi0, zs)
+            d_hi = mma_v2(_x8(k1h.load(ka_l)), bq_hi1, d_hi)
         ks_lo, ks_hi = _halves(ksw_c, MDT)
         kb_lo, kb_hi = _halves(kbw_c, MDT)
         sc = (d_lo * (ks_lo * qk_scale) + d_hi * (ks_hi * qk_scale)
@@ -339,27 +390,42 @@ def swap_decode_kernel(
             v1l = vl_s.index(s).slice(SUB, SUB, 0)
             v0h = vh_s.index(s).slice(0, SUB, 0)
             v1h = vh_s.index(s).slice(SUB, SUB, 0)
-        else:
+        elif not INT4:
             v_st = v_smem.index(s)
             v0l = v_st.slice(0, SUB, 0).slice(0, PH, 1)
             v1l = v_st.slice(SUB, SUB, 0).slice(0, PH, 1)
             v0h = v_st.slice(0, SUB, 0).slice(PH, PH, 1)
             v1h = v_st.slice(SUB, SUB, 0).slice(PH, PH, 1)
-        e, o = _x8_pairs(v0l.permute((1, 0)).load(va_l))
-        acc_e_lo = mma_v2(e, p0_lo, acc_e_lo * f)
-        acc_o_lo = mma_v2(o, p0_lo, acc_o_lo * f)
-        e, o = _x8_pairs(v0h.permute((1, 0)).load(va_l))
-        acc_e_hi = mma_v2(e, p0_hi, acc_e_hi * f)
-        acc_o_hi = mma_v2(o, p0_hi, acc_o_hi * f)
-        e, o = _x8_pairs(v1l.permute((1, 0)).load(va_l))
-        acc_e_lo = mma_v2(e, p1_lo, acc_e_lo)
-        acc_o_lo = mma_v2(o, p1_lo, acc_o_lo)
-        e, o = _x8_pairs(v1h.permute((1, 0)).load(va_l))
-        acc_e_hi = mma_v2(e, p1_hi, acc_e_hi)
-        acc_o_hi = mma_v2(o, p1_hi, acc_o_hi)
+        if INT4:  # one pair tile per stream holds all four dim quarters
+            e, o, e2, o2 = _x4_pairs(v_smem.index(s).slice(0, SUB, 0).permute((1, 0))
+                                     .load(va_l))
+            acc_e_lo = mma_v2(e, p0_lo, acc_e_lo * f)
+            acc_o_lo = mma_v2(o, p0_lo, acc_o_lo * f)
+            acc_e_hi = mma_v2(e2, p0_hi, acc_e_hi * f)
+            acc_o_hi = mma_v2(o2, p0_hi, acc_o_hi * f)
+            e, o, e2, o2 = _x4_pairs(v_smem.index(s).slice(SUB, SUB, 0).permute((1, 0))
+                                     .load(va_l))
+            acc_e_lo = mma_v2(e, p1_lo, acc_e_lo)
+            acc_o_lo = mma_v2(o, p1_lo, acc_o_lo)
+            acc_e_hi = mma_v2(e2, p1_hi, acc_e_hi)
+            acc_o_hi = mma_v2(o2, p1_hi, acc_o_hi)
+        else:
+            e, o = _x8_pairs(v0l.permute((1, 0)).load(va_l))
+            acc_e_lo = mma_v2(e, p0_lo, acc_e_lo * f)
+            acc_o_lo = mma_v2(o, p0_lo, acc_o_lo * f)
+            e, o = _x8_pairs(v0h.permute((1, 0)).load(va_l))
+            acc_e_hi = mma_v2(e, p0_hi, acc_e_hi * f)
+            acc_o_hi = mma_v2(o, p0_hi, acc_o_hi * f)
+            e, o = _x8_pairs(v1l.permute((1, 0)).load(va_l))
+            acc_e_lo = mma_v2(e, p1_lo, acc_e_lo)
+            acc_o_lo = mma_v2(o, p1_lo, acc_o_lo)
+            e, o = _x8_pairs(v1h.permute((1, 0)).load(va_l))
+            acc_e_hi = mma_v2(e, p1_hi, acc_e_hi)
+            acc_o_hi = mma_v2(o, p1_hi, acc_o_hi)
         if LATE and not TMA:  # after the step's shuffles and ldmatrix (STAGES >= 3)
             _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
-                   tile + (STAGES - 1) * num_splits, length, STAGES, i + STAGES - 1, BN, D)
+                   tile + (STAGES - 1) * num_splits, length, STAGES, i + STAGES - 1, BN,
+                   KB, VP)
 
     if not TMA:
         async_copy.wait_group(0)  # no copy may land after the CTA exits
@@ -422,9 +488,10 @@ def _check(q: torch.Tensor, view) -> tuple[int, int]:
     if q.dim() != 4 or q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError("q must be [B, H_q, L, D] float16 / bfloat16")
     b, hq, n_q, d = q.shape
-    for fmt in (view.spec.key, view.spec.value):
-        if not (isinstance(fmt, AffineFormat) and fmt.n_bits == 8 and fmt.group_size == GROUP):
-            raise ValueError(f"int8 K and V with group size {GROUP} only, got {view.spec}")
+    fmts = (view.spec.key, view.spec.value)
+    if not (all(isinstance(f, AffineFormat) and f.group_size == GROUP for f in fmts)
+            and fmts[0].n_bits == fmts[1].n_bits and fmts[0].n_bits in (4, 8)):
+        raise ValueError(f"int8 or int4 K and V with group size {GROUP} only, got {view.spec}")
     if d != HEAD_DIM or view.head_dim != HEAD_DIM:
         raise ValueError(f"head_dim {HEAD_DIM} only")
     if view.ring or view.window is not None or view.sinks:
@@ -437,7 +504,7 @@ def _check(q: torch.Tensor, view) -> tuple[int, int]:
     if group * n_q > ROWS:
         raise ValueError(f"G * L = {group * n_q} > {ROWS}")
     for qt in (view.k, view.v):
-        if qt.codes.stride(-1) != 1 or qt.codes.stride(-2) != HEAD_DIM:
+        if qt.codes.stride(-1) != 1 or qt.codes.stride(-2) != qt.codes.shape[-1]:
             raise ValueError("code rows must be packed (stride D)")
         if qt.scales.stride() != qt.biases.stride() or qt.scales.stride()[-2:] != (2, 1):
             raise ValueError("scales / biases must be packed [B, H, slots, 2] with equal strides")
@@ -513,6 +580,8 @@ def swap_decode(q: torch.Tensor, view, num_splits: int | None = None,
     vc16 = vc.view(torch.int16)  # [B, H, slots, D/2]: pairs of dims
     ksw, kbw, vsw, vbw = _words(ks), _words(kb), _words(vs), _words(vb)
     rows = group * n_q
+    if use_tma and view.spec.key.n_bits == 4:
+        raise ValueError("the TMA variant reads int8 only")
     if late and stages < 3:
         raise ValueError("late issue needs stages >= 3 (else no copy overlaps a step)")
     parts = num_splits if merge else 2 * num_splits
@@ -525,7 +594,8 @@ def swap_decode(q: torch.Tensor, view, num_splits: int | None = None,
         out = torch.empty_like(q)
     qk_scale = 1.4426950408889634 / math.sqrt(d)
     mdt = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
-    descs = _descriptors(kc, vc16)
+    # TMA descriptors only for the TMA variant (the other never reads those arguments)
+    descs = _descriptors(kc, vc16) if use_tma else [kc] * 4
     swap_decode_kernel[(b * h_kv, num_splits)](
         q, part_o, part_m, part_l, kc, vc16, ksw, kbw, vsw, vbw, lengths,
         n_q, num_splits, h_kv, qk_scale,
@@ -534,7 +604,7 @@ def swap_decode(q: torch.Tensor, view, num_splits: int | None = None,
         ksw.stride(0), ksw.stride(1), vsw.stride(0), vsw.stride(1),
         *descs, capacity,
         G=group, D=d, STAGES=stages, MDT=mdt, KW=k_width, LATE=late, MERGE=merge,
-        TMA=use_tma, FENCE=fence, num_warps=1,
+        TMA=use_tma, FENCE=fence, INT4=view.spec.key.n_bits == 4, num_warps=1,
         **({} if maxnreg is None else {"maxnreg": int(maxnreg)}),
     )
     if not reduce:  # split kernel alone (timing)
@@ -564,7 +634,8 @@ def _sass(kernel) -> str:
 
 def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | None = None,
                   maxnreg: int | None = None, n_q: int = 1, group: int = 4,
-                  late: bool = False, merge: bool = False, use_tma: bool = False) -> None:
+                  late: bool = False, merge: bool = False, use_tma: bool = False,
+                  spec: str = "int8") -> None:
     import collections
     import re
 
@@ -576,7 +647,7 @@ def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | Non
         cc._compile_only(90)
         cc._swap_installed = True
     cc.COMPILED.clear()
-    cache = FullCache("int8", capacity=300)
+    cache = FullCache(spec, capacity=300)
     cache.fused_store = False
     k = torch.randn(1, 2, 300, HEAD_DIM, dtype=dtype)
     cache.append(k, k)
@@ -594,7 +665,8 @@ def compile_check(dtype: torch.dtype, stages: int, k_width: int, dump: str | Non
                for ln in lines]
         census = collections.Counter(o.split(".")[0] for o in ops)
         print(triton.__version__, dtype, f"G={group} L={n_q} stages={stages} KW={k_width} "
-              f"maxnreg={maxnreg} late={late} merge={merge} tma={use_tma}", cc._resources(kern),
+              f"maxnreg={maxnreg} late={late} merge={merge} tma={use_tma} {spec}",
+              cc._resources(kern),
               "smem", kern.metadata.shared,
               "total instr", len(ops), "STL", sass.count("STL"), "LDL", sass.count("LDL"))
         print("  census:", " ".join(f"{k} {v}" for k, v in census.most_common(24)))
@@ -657,6 +729,59 @@ def bench(reps: int = 20) -> None:
                 continue
             print(f"  swap {tag}: {t[0]:.4f} ms (p20 {t[1]:.4f}, p80 {t[2]:.4f}) "
                   f"max|diff| vs triton {err:.2e}", flush=True)
+
+
+def compare_formats(reps: int = 20) -> None:
+    """H200, fp16, Llama-3.1-8B layer, batch 1, L 1, one process: for int8 and int4 g64 at
+    32k / 128k, kvtax's default decode (decode_warp), kvtax's Triton decode_swap (2 and 3
+    stages), and this Gluon kernel (streams merged, 2 / 3 stages, 8 / 12 / 16 per SM)
+    against SDPA fp16 cuDNN; CUDA graphs, L2 flushed by a 256 MiB write."""
+    import dataclasses
+
+    from torch.nn.attention import SDPBackend
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from arms import sdpa_arm
+    from timing import Timer
+
+    from kvtax.attention import triton_api as ta
+    from kvtax.cache import FullCache
+
+    timer = Timer(reps, dry=False)
+    for ctx in (32768, 131072):
+        k = torch.randn(1, 8, ctx, HEAD_DIM, dtype=torch.float16, device="cuda")
+        v = torch.randn_like(k)
+        q = torch.randn(1, 32, 1, HEAD_DIM, dtype=torch.float16, device="cuda")
+        lengths = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
+        expect = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        t = timer(sdpa_arm(q, k, v, SDPBackend.CUDNN_ATTENTION, expect)[0])
+        print(f"ctx {ctx} sdpa cudnn fp16: {t[0]:.4f} ms", flush=True)
+        for spec in ("int8", "int4"):
+            cache = FullCache(spec, capacity=ctx + 52)
+            for t0 in range(0, ctx, 8192):
+                cache.append(k[:, :, t0:t0 + 8192], v[:, :, t0:t0 + 8192])
+            view = cache.view()
+            ref = ta.triton_attention(q, view, lengths=lengths)
+            arms = {"default (decode_warp)": lambda: ta.triton_attention(q, view, lengths=lengths)}
+            for st in (2, 3):
+                cfg = dataclasses.replace(ta.swap_decode_config(q, view, lengths), num_stages=st)
+                arms[f"triton swap s{st}"] = (
+                    lambda c=cfg: ta.triton_attention(q, view, lengths=lengths, config=c))
+            for st, per_sm, mr in ((2, 8, None), (3, 8, None), (2, 12, None), (3, 12, None),
+                                   (2, 16, 128)):
+                arms[f"gluon swap s{st} {per_sm}/SM maxnreg={mr}"] = (
+                    lambda st=st, ps=per_sm, mr=mr: swap_decode(
+                        q, view, None, lengths, stages=st, merge=True, per_sm=ps, maxnreg=mr))
+            for name, fn in arms.items():
+                try:
+                    err = (fn().float() - ref.float()).abs().max().item()
+                    t = timer(fn)
+                except Exception as e:  # noqa: BLE001
+                    print(f"ctx {ctx} {spec} {name}: {type(e).__name__}: {str(e)[:160]}")
+                    continue
+                print(f"ctx {ctx} {spec} {name}: {t[0]:.4f} ms (p20 {t[1]:.4f}, p80 "
+                      f"{t[2]:.4f}) max|diff| vs default {err:.1e}", flush=True)
+            del cache, view
 
 
 def compare(reps: int = 20) -> None:
@@ -732,9 +857,14 @@ def main() -> None:
     ap.add_argument("--late", action="store_true")
     ap.add_argument("--merge", action="store_true")
     ap.add_argument("--tma", action="store_true")
+    ap.add_argument("--spec", default="int8", choices=["int8", "int4"])
     ap.add_argument("--compare", action="store_true", help="vs SDPA fp16 at 32k / 128k")
+    ap.add_argument("--compare-formats", action="store_true",
+                    help="int8 / int4: default, Triton swap, this kernel, cuDNN")
     a = ap.parse_args()
-    if a.compare:
+    if a.compare_formats:
+        compare_formats()
+    elif a.compare:
         compare()
     elif a.ncu:
         ncu_run(stages=a.stages, late=a.late, merge=a.merge)
@@ -743,7 +873,7 @@ def main() -> None:
     else:
         for dtype in (torch.float16, torch.bfloat16):
             compile_check(dtype, a.stages, a.kw, dump=a.dump, maxnreg=a.maxnreg, late=a.late,
-                          merge=a.merge, use_tma=a.tma)
+                          merge=a.merge, use_tma=a.tma, spec=a.spec)
 
 
 if __name__ == "__main__":

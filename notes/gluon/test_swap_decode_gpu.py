@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 TOLERANCE = {torch.float16: (2e-2, 4e-3), torch.bfloat16: (8e-2, 2.5e-2)}
 
 
-def _build(ctx, group, batch, n_q, dtype, extra=77, seed=0):
+def _build(ctx, group, batch, n_q, dtype, extra=77, seed=0, spec="int8"):
     from kvtax.cache import FullCache
 
     gen = torch.Generator().manual_seed(seed)
@@ -36,7 +36,7 @@ def _build(ctx, group, batch, n_q, dtype, extra=77, seed=0):
     k = torch.randn(batch, h_kv, ctx, d, generator=gen)
     k[..., :2] *= 6.0  # outlier channels, as real keys have
     v = torch.randn(batch, h_kv, ctx, d, generator=gen)
-    cache = FullCache("int8", capacity=ctx + extra)  # capacity-padded, not a power of two
+    cache = FullCache(spec, capacity=ctx + extra)  # capacity-padded, not a power of two
     cache.append(k.to("cuda", dtype), v.to("cuda", dtype))
     view = cache.view()
     # garbage past length: random codes, NaN metadata (must be masked, never read)
@@ -189,3 +189,20 @@ def test_tma_splits(splits):
     got = swap_decode(q, view, splits, lengths, poison=True, merge=True, use_tma=True)
     ref = attention_blockwise(q.float(), view)
     _compare(got, ref, torch.float16, f"tma splits={splits}")
+
+
+@pytest.mark.parametrize("ctx", [1, 37, 4096 + 13, 70000])
+@pytest.mark.parametrize("group", [2, 4])
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("merge,stages", [(True, 2), (True, 3), (False, 2)])
+def test_int4(ctx, group, batch, dtype, merge, stages):
+    """int4 K and V (split-halves nibbles, g64)."""
+    from swap_decode import swap_decode
+
+    from kvtax.attention import attention_blockwise
+
+    q, view, lengths = _build(ctx, group, batch, 1, dtype, spec="int4")
+    got = swap_decode(q, view, None, lengths, poison=True, merge=merge, stages=stages)
+    ref = attention_blockwise(q.float(), view)
+    _compare(got, ref, dtype, f"int4 ctx={ctx} G={group} B={batch} {dtype} merge={merge}")
