@@ -762,7 +762,8 @@ def compare_formats(reps: int = 20) -> None:
                 cache.append(k[:, :, t0:t0 + 8192], v[:, :, t0:t0 + 8192])
             view = cache.view()
             ref = ta.triton_attention(q, view, lengths=lengths)
-            arms = {"default (decode_warp)": lambda: ta.triton_attention(q, view, lengths=lengths)}
+            arms = {"default (decode_warp)":
+                    lambda: ta.triton_attention(q, view, lengths=lengths)}
             for st in (2, 3):
                 cfg = dataclasses.replace(ta.swap_decode_config(q, view, lengths), num_stages=st)
                 arms[f"triton swap s{st}"] = (
@@ -781,7 +782,6 @@ def compare_formats(reps: int = 20) -> None:
                     continue
                 print(f"ctx {ctx} {spec} {name}: {t[0]:.4f} ms (p20 {t[1]:.4f}, p80 "
                       f"{t[2]:.4f}) max|diff| vs default {err:.1e}", flush=True)
-            del cache, view
 
 
 def compare(reps: int = 20) -> None:
