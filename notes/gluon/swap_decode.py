@@ -21,9 +21,11 @@ accumulating MMAs. Every column of the score tile is real; each stream keeps its
 softmax state (per column) and is written as a split of its own, which kvtax's reduce
 merges. The accumulator is [D, 8] fp32: 32 registers per lane instead of 64.
 
-Codes enter the MMAs as fp16 1024 + c (the 0x6400 trick, one `prmt` per two codes, no
+K codes enter the MMAs as fp16 1024 + c (the 0x6400 trick, one `prmt` per two codes, no
 subtraction): the offset goes into the bias term (k = s c + b = s x + (b - 1024 s) for
-x = 1024 + c), exactly as the centered codes' 128 does in decode_warp. V is read as uint16
+x = 1024 + c). V codes are centered (c - 128, c - 8: one more sub.f16x2 per two codes),
+as in decode_warp: uncentered, P @ (1024 + c) summed over 128k tokens kept fp32 rounding
+of the offset (int4 at 70k tokens failed the fp16 bound, session 9). V is read as uint16
 pairs of dims (ldmatrix-able), split into even-dim / odd-dim operands by `prmt`; the
 output dims are interleaved back at the store. P^T reaches the B-operand layout through
 Gluon's convert_layout (warp shuffles within the one warp).
@@ -77,11 +79,17 @@ def _x8(c):
 @gluon.jit
 def _x8_pairs(w):
     """uint16 pairs (dim 2p, dim 2p + 1) of int8 codes, two slots per word -> fp16
-    (1024 + even-dim code, 1024 + odd-dim code): one prmt per two codes."""
+    (even-dim code - 128, odd-dim code - 128): one prmt and one sub.f16x2 per two codes.
+    V codes are centered (unlike K's): P @ (1024 + c) accumulated over a long context
+    carries fp32 rounding of the 1024 offset (int4 at 70k tokens: over the fp16 bound)."""
     return gl.inline_asm_elementwise(
         asm="""{
-        prmt.b32 $0, $2, 0x64646464, 0x4240;
-        prmt.b32 $1, $2, 0x64646464, 0x4341;
+        .reg .b32 t0, t1, m;
+        mov.b32 m, 0x64806480;
+        prmt.b32 t0, $2, 0x64646464, 0x4240;
+        prmt.b32 t1, $2, 0x64646464, 0x4341;
+        sub.f16x2 $0, t0, m;
+        sub.f16x2 $1, t1, m;
         }""",
         constraints="=r,=r,r", args=[w], dtype=(gl.float16, gl.float16), is_pure=True,
         pack=2)
@@ -108,18 +116,23 @@ def _x4(c):
 
 @gluon.jit
 def _x4_pairs(w):
-    """uint16 = packed int4 bytes (2j, 2j + 1), two slots per word -> fp16 1024 + nibble
+    """uint16 = packed int4 bytes (2j, 2j + 1), two slots per word -> fp16 nibble - 8
     for dims 2j, 2j + 1 (low nibbles), D/2 + 2j, D/2 + 2j + 1 (high nibbles)."""
     return gl.inline_asm_elementwise(
         asm="""{
-        .reg .b32 lo, hi;
+        .reg .b32 lo, hi, lo0, lo1, hi0, hi1, m;
+        mov.b32 m, 0x64086408;
         and.b32 lo, $4, 0x0F0F0F0F;
         shr.b32 hi, $4, 4;
         and.b32 hi, hi, 0x0F0F0F0F;
-        prmt.b32 $0, lo, 0x64646464, 0x4240;
-        prmt.b32 $1, lo, 0x64646464, 0x4341;
-        prmt.b32 $2, hi, 0x64646464, 0x4240;
-        prmt.b32 $3, hi, 0x64646464, 0x4341;
+        prmt.b32 lo0, lo, 0x64646464, 0x4240;
+        prmt.b32 lo1, lo, 0x64646464, 0x4341;
+        prmt.b32 hi0, hi, 0x64646464, 0x4240;
+        prmt.b32 hi1, hi, 0x64646464, 0x4341;
+        sub.f16x2 $0, lo0, m;
+        sub.f16x2 $1, lo1, m;
+        sub.f16x2 $2, hi0, m;
+        sub.f16x2 $3, hi1, m;
         }""",
         constraints="=r,=r,=r,=r,r", args=[w],
         dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=2)
@@ -284,13 +297,9 @@ def swap_decode_kernel(
     acc_o_hi = gl.zeros([PH, NC], gl.float32, mma)  # dims D/2 + 2p + 1
     m_i = gl.full([NC], float("-inf"), gl.float32, col_l)
     l_acc = gl.zeros([SUB, NC], gl.float32, mma)   # per-lane partial sums (reduced at the end)
-    b_lo = gl.zeros([SUB, NC], gl.float32, mma)    # sum p * vb, lo half
+    b_lo = gl.zeros([SUB, NC], gl.float32, mma)    # sum p * (vb + VOFF * vs), lo half
     b_hi = gl.zeros([SUB, NC], gl.float32, mma)
-    # sum of the fp16 P operand as the MMA saw it (acc's units): acc - 1024 * this is
-    # P16 @ codes. Taking the offset from fp32 p instead leaves fp16 P's rounding times
-    # 1024 uncancelled (measured: rel RMS 4.2e-3 at ctx 37, over the fp16 bound)
-    s_lo = gl.zeros([SUB, NC], gl.float32, mma)
-    s_hi = gl.zeros([SUB, NC], gl.float32, mma)
+    VOFF: gl.constexpr = 8.0 if INT4 else 128.0     # V codes enter centered: c - VOFF
     t_v = 1e-30  # running largest V scale: acc holds P @ (V / t_v)
     zs = gl.zeros([SUB, NC], gl.float32, mma)
     zp = gl.zeros([SUB, NC], gl.float16, pb_l)
@@ -365,8 +374,8 @@ def swap_decode_kernel(
         vb_lo, vb_hi = _halves(vbw_c, MDT)
         al = alpha[None, :]
         l_acc = l_acc * al + p
-        b_lo = b_lo * al + p * vb_lo
-        b_hi = b_hi * al + p * vb_hi
+        b_lo = b_lo * al + p * (vb_lo + VOFF * vs_lo)
+        b_hi = b_hi * al + p * (vb_hi + VOFF * vs_hi)
         v_top = gl.max(gl.max(gl.maximum(vs_lo, vs_hi), 1), 0)
         t_new = gl.maximum(t_v, v_top)
         f = (alpha * (t_v / t_new))[None, :]
@@ -375,8 +384,6 @@ def swap_decode_kernel(
         m_i = m_new
         p16_lo = (p * (vs_lo * inv_t)).to(gl.float16)
         p16_hi = (p * (vs_hi * inv_t)).to(gl.float16)
-        s_lo = s_lo * f + p16_lo.to(gl.float32)
-        s_hi = s_hi * f + p16_hi.to(gl.float32)
         pt_lo = gl.convert_layout(p16_lo, pb_l)
         pt_hi = gl.convert_layout(p16_hi, pb_l)
         p0_lo = gl.where(first, pt_lo, zp)
@@ -433,12 +440,10 @@ def swap_decode_kernel(
     l_c = gl.sum(l_acc, 0)
     bl = gl.sum(b_lo, 0)[None, :]
     bh = gl.sum(b_hi, 0)[None, :]
-    ol = 1024.0 * gl.sum(s_lo, 0)[None, :]
-    oh = 1024.0 * gl.sum(s_hi, 0)[None, :]
-    o_el = (acc_e_lo - ol) * t_v + bl
-    o_ol = (acc_o_lo - ol) * t_v + bl
-    o_eh = (acc_e_hi - oh) * t_v + bh
-    o_oh = (acc_o_hi - oh) * t_v + bh
+    o_el = acc_e_lo * t_v + bl
+    o_ol = acc_o_lo * t_v + bl
+    o_eh = acc_e_hi * t_v + bh
+    o_oh = acc_o_hi * t_v + bh
     if MERGE:
         # ---- the two streams merged here: one partial per split, row r
         m2 = gl.reshape(m_i, [2, 4])

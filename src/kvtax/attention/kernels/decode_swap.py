@@ -21,13 +21,15 @@ and the two streams are merged at the end of the split. The accumulator is [D, 8
 quarter of decode_warp's. A Gluon draft of the same design measured 0.083 ms against
 decode_warp's 0.091 at 128k int8 on the H200 (notes/KERNELS.md, session 9).
 
-Codes enter the dots as fp16 1024 + c (0x6400 | c: one `prmt` per two codes on the GPU,
+K codes enter the dots as fp16 1024 + c (0x6400 | c: one `prmt` per two codes on the GPU,
 no subtraction); the offset goes into the bias (k = s c + b = s x + (b - 1024 s) for
-x = 1024 + c). For V, `acc - 1024 * sum(P16)` recovers P16 @ c, where P16 is the fp16
-operand exactly as the MMA saw it (taking the offset from the fp32 P instead leaves fp16
-rounding times 1024 uncancelled: relative RMS error 4.2e-3 on the H200 at 37 tokens).
-V is read as uint16 pairs of dims (ldmatrix-able once transposed), split into even-dim
-and odd-dim operands; output dims are interleaved back at the store.
+x = 1024 + c): each score is one short dot, so the offset's fp32 rounding stays small.
+V codes are centered (c - 128, int4 c - 8: one more sub.f16x2 per two codes) with the
+offset in the bias sum, as in decode_warp: P @ (1024 + c) accumulated over a long
+context keeps the offset's fp32 rounding (the Gluon draft, uncentered, missed the fp16
+bound for int4 at 70k tokens on the H200). V is read as uint16 pairs of dims, addressed
+transposed, split into even-dim and odd-dim operands; output dims are interleaved back
+at the store.
 
 Formats (FMT): 1 int8, 2 int4 (split halves: byte j holds dim j in its low nibble and
 dim j + D/2 in its high one). NG: scale groups per row (1 or 2; 2 = one per half).
@@ -53,18 +55,27 @@ _X4_ASM = tl.constexpr("""{
     prmt.b32 $3, hi, 0x64646464, 0x4342;
     }""")
 _X8_PAIRS_ASM = tl.constexpr("""{
-    prmt.b32 $0, $2, 0x64646464, 0x4240;
-    prmt.b32 $1, $2, 0x64646464, 0x4341;
+    .reg .b32 t0, t1, m;
+    mov.b32 m, 0x64806480;
+    prmt.b32 t0, $2, 0x64646464, 0x4240;
+    prmt.b32 t1, $2, 0x64646464, 0x4341;
+    sub.f16x2 $0, t0, m;
+    sub.f16x2 $1, t1, m;
     }""")
 _X4_PAIRS_ASM = tl.constexpr("""{
-    .reg .b32 lo, hi;
+    .reg .b32 lo, hi, t0, t1, t2, t3, m;
+    mov.b32 m, 0x64086408;
     and.b32 lo, $4, 0x0F0F0F0F;
     shr.b32 hi, $4, 4;
     and.b32 hi, hi, 0x0F0F0F0F;
-    prmt.b32 $0, lo, 0x64646464, 0x4240;
-    prmt.b32 $1, lo, 0x64646464, 0x4341;
-    prmt.b32 $2, hi, 0x64646464, 0x4240;
-    prmt.b32 $3, hi, 0x64646464, 0x4341;
+    prmt.b32 t0, lo, 0x64646464, 0x4240;
+    prmt.b32 t1, lo, 0x64646464, 0x4341;
+    prmt.b32 t2, hi, 0x64646464, 0x4240;
+    prmt.b32 t3, hi, 0x64646464, 0x4341;
+    sub.f16x2 $0, t0, m;
+    sub.f16x2 $1, t1, m;
+    sub.f16x2 $2, t2, m;
+    sub.f16x2 $3, t3, m;
     }""")
 
 
@@ -100,8 +111,8 @@ def _k_halves(byte_lo, byte_hi, FMT: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def _v_quarters(w_lo, w_hi, FMT: tl.constexpr, ASM: tl.constexpr):
-    """Transposed V pair tiles [D/4, slots] uint16 -> four fp16 operands of 1024 + c for
-    the dims (2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1). int8: w_lo / w_hi hold the pairs of
+    """Transposed V pair tiles [D/4, slots] uint16 -> four fp16 operands of centered
+    codes (c - 128, int4 c - 8) for the dims (2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1). int8: w_lo / w_hi hold the pairs of
     the lo / hi half; int4: w_lo holds bytes (2j, 2j + 1), whose low nibbles are dims
     2j, 2j + 1 and high nibbles dims D/2 + 2j, D/2 + 2j + 1 (w_hi unused)."""
     if FMT == 2:
@@ -110,10 +121,10 @@ def _v_quarters(w_lo, w_hi, FMT: tl.constexpr, ASM: tl.constexpr):
                 asm=_X4_PAIRS_ASM, constraints="=r,=r,=r,=r,r", args=[w_lo],
                 dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
         else:
-            a = _x(w_lo & 0xF)
-            b = _x((w_lo >> 8) & 0xF)
-            c = _x((w_lo >> 4) & 0xF)
-            d = _x(w_lo >> 12)
+            a = _x(w_lo & 0xF) - 1032.0
+            b = _x((w_lo >> 8) & 0xF) - 1032.0
+            c = _x((w_lo >> 4) & 0xF) - 1032.0
+            d = _x(w_lo >> 12) - 1032.0
     else:
         if ASM:
             a, b = tl.inline_asm_elementwise(
@@ -123,10 +134,10 @@ def _v_quarters(w_lo, w_hi, FMT: tl.constexpr, ASM: tl.constexpr):
                 asm=_X8_PAIRS_ASM, constraints="=r,=r,r", args=[w_hi],
                 dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
         else:
-            a = _x(w_lo & 0xFF)
-            b = _x(w_lo >> 8)
-            c = _x(w_hi & 0xFF)
-            d = _x(w_hi >> 8)
+            a = _x(w_lo & 0xFF) - 1152.0
+            b = _x(w_lo >> 8) - 1152.0
+            c = _x(w_hi & 0xFF) - 1152.0
+            d = _x(w_hi >> 8) - 1152.0
     return a, b, c, d
 
 
@@ -194,7 +205,7 @@ def _tiles(p_kc, p_vc, slot0, length, s_kc_t, s_vc_t, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
-def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
+def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
           kmeta, vmeta, start, step, length, q_pos,
           bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
           p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
@@ -238,16 +249,15 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
     p = tl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
     al = alpha[None, :]
     l_acc = l_acc * al + p
-    b_lo = b_lo * al + p * vb_lo
-    b_hi = b_hi * al + p * vb_hi
+    VOFF: tl.constexpr = 8.0 if V_FMT == 2 else 128.0  # V codes enter centered
+    b_lo = b_lo * al + p * (vb_lo + VOFF * vs_lo)
+    b_hi = b_hi * al + p * (vb_hi + VOFF * vs_hi)
     # acc holds P @ (V / t_v): t_v tracks the largest V scale so P * s / t_v <= 1 in fp16
     t_new = tl.maximum(t_v, tl.max(tl.max(tl.maximum(vs_lo, vs_hi), 1), 0))
     f = (alpha * (t_v / t_new))[None, :]
     inv_t = 1.0 / t_new
     p16_lo = (p * (vs_lo * inv_t)).to(tl.float16)
     p16_hi = (p * (vs_hi * inv_t)).to(tl.float16)
-    s_lo = s_lo * f + p16_lo.to(tl.float32)
-    s_hi = s_hi * f + p16_hi.to(tl.float32)
     first = (col < 4)[None, :]
     p0_lo = tl.where(first, p16_lo, 0.0)
     p1_lo = tl.where(first, 0.0, p16_lo)
@@ -265,8 +275,7 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
     acc_b = tl.dot(o0, p1_lo, acc_b)
     acc_c = tl.dot(e1, p1_hi, acc_c)
     acc_d = tl.dot(o1, p1_hi, acc_d)
-    return (acc_a, acc_b, acc_c, acc_d, m_new, l_acc, b_lo, b_hi, s_lo, s_hi, t_new,
-            nk, nv)
+    return acc_a, acc_b, acc_c, acc_d, m_new, l_acc, b_lo, b_hi, t_new, nk, nv
 
 
 @triton.jit
@@ -330,10 +339,8 @@ def _decode_swap_kernel(
     m_i = tl.full([8], float("-inf"), dtype=tl.float32)
     zt = tl.zeros([16, 8], dtype=tl.float32)
     l_acc = zt  # per-lane partial sums, reduced over the slots at the end
-    b_lo = zt   # sum P * vb per half
+    b_lo = zt   # sum P * (vb + offset * vs) per half
     b_hi = zt
-    s_lo = zt   # sum of the fp16 P operand per half (the 1024 offset, see the docstring)
-    s_hi = zt
     t_v = 1e-30
 
     # strided tiles: split s takes s, s + S, ...; full ones unmasked, the ragged last masked
@@ -345,18 +352,18 @@ def _decode_swap_kernel(
     kmeta = _meta(p_ks, p_kb, first_slot, mk, s_km_t, K_NG)
     vmeta = _meta(p_vs, p_vb, first_slot, mk, s_vm_t, V_NG)
     for start in range(off, full_end, step):
-        (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
+        (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
          kmeta, vmeta) = _step(
-            acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
+            acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
             kmeta, vmeta, start, step, length, q_pos,
             bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
             p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
             qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, False)
     tail = off + tl.cdiv(tl.maximum(full_end - off, 0), step) * step
     for start in range(tail, length, step):
-        (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
+        (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
          kmeta, vmeta) = _step(
-            acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, s_lo, s_hi, t_v,
+            acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
             kmeta, vmeta, start, step, length, q_pos,
             bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
             p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
@@ -367,8 +374,6 @@ def _decode_swap_kernel(
     mxb = tl.where(mx == float("-inf"), 0.0, mx)
     w = tl.reshape(tl.exp2(tl.reshape(m_i, (2, 4)) - mxb[None, :]), (8,))
     l4 = tl.sum(tl.reshape(tl.sum(l_acc, 0) * w, (2, 4)), 0)
-    ol = 1024.0 * tl.sum(s_lo, 0)[None, :]
-    oh = 1024.0 * tl.sum(s_hi, 0)[None, :]
     bl = tl.sum(b_lo, 0)[None, :]
     bh = tl.sum(b_hi, 0)[None, :]
     o_r = tl.arange(0, 4)
@@ -378,7 +383,7 @@ def _decode_swap_kernel(
     tl.store(PartL + row, l4, mask=m_row)
     p_o = PartO + row[None, :] * HEAD_DIM + 2 * tl.arange(0, DQ)[:, None]
     m_o = m_row[None, :]
-    tl.store(p_o, _fold((acc_a - ol) * t_v + bl, w, DQ), mask=m_o)
-    tl.store(p_o + 1, _fold((acc_b - ol) * t_v + bl, w, DQ), mask=m_o)
-    tl.store(p_o + DH, _fold((acc_c - oh) * t_v + bh, w, DQ), mask=m_o)
-    tl.store(p_o + DH + 1, _fold((acc_d - oh) * t_v + bh, w, DQ), mask=m_o)
+    tl.store(p_o, _fold(acc_a * t_v + bl, w, DQ), mask=m_o)
+    tl.store(p_o + 1, _fold(acc_b * t_v + bl, w, DQ), mask=m_o)
+    tl.store(p_o + DH, _fold(acc_c * t_v + bh, w, DQ), mask=m_o)
+    tl.store(p_o + DH + 1, _fold(acc_d * t_v + bh, w, DQ), mask=m_o)
