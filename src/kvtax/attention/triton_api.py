@@ -132,9 +132,12 @@ def _max_slots(view: CacheView, lengths: torch.Tensor | None) -> int:
 
 
 def launch_config(
-    q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None
+    q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
+    softcap: bool = False, masked: bool = False,
 ) -> LaunchConfig:
-    """The deterministic heuristic table: tiles by head_dim, dtype and query rows."""
+    """The deterministic heuristic table: tiles by head_dim, dtype and query rows. The
+    Gluon decode kernel takes neither soft-capping nor `masked` calls (left padding, the
+    hybrid cache's min_distance / min_key)."""
     n_q, group = q.shape[2], q.shape[1] // view.num_kv_heads
     half = _half(view.head_dim)
     if n_q <= MAX_DECODE_ROWS and group * n_q <= MAX_DECODE_TILE:
@@ -146,6 +149,10 @@ def launch_config(
                 return warp_decode_config(q, view, lengths, block_n=16)
             if not any(f.is_quantized for f in fmts):
                 return warp_decode_config(q, view, lengths, per_sm=4)
+            # int8 / int4 (group 64, D 128) with G * L <= 4: the Gluon swapped kernel,
+            # 0.083 / 0.056 ms vs decode_warp's 0.091 / 0.070 at 128k (H200, session 9)
+            if not (softcap or masked) and gluon_swap_reason(q, view) is None:
+                return swap_decode_config(q, view, lengths)
             # int8 K and V: two pipeline stages, 0.084-0.085 vs 0.092 ms at 128k in two
             # runs of one process; fp8 (0.103) and int4 (0.077 vs 0.069) lost with two
             # (H200, session 6, docs/BENCHMARKS.md)
@@ -182,11 +189,15 @@ def warp_decode_config(
 
 def swap_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
-    per_sm: int = 8, num_stages: int = 2,
+    per_sm: int | None = None, num_stages: int = 2,
 ) -> LaunchConfig:
-    """decode_swap.py's launch: one warp per program, 32-slot steps, `per_sm` programs per
-    SM (8, two stages: the best of the Gluon draft's sweep on the H200, notes/KERNELS.md
-    session 9); splits of >= 4 steps."""
+    """decode_swap's launch: one warp per program, 32-slot steps, two stages, `per_sm`
+    programs per SM: 12 for int4 K and V, else 8 (the Gluon kernel's best on the H200 at
+    128k: int4 0.056 ms at 12 vs 0.063 at 8; int8 0.083 at 8 vs 0.084 at 12,
+    notes/KERNELS.md session 9); splits of >= 4 steps."""
+    if per_sm is None:
+        int4 = all(_is_int4(f) for f in (view.spec.key, view.spec.value))
+        per_sm = 12 if int4 else 8
     bh = q.shape[0] * view.num_kv_heads
     steps = triton.cdiv(max(_max_slots(view, lengths), 1), 32)
     want = max(1, per_sm * _sm_count(q.device) // bh)
@@ -223,6 +234,45 @@ def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     if not _v_pairs(view):
         return "value code rows are not 2-byte aligned"
     return None
+
+
+def _gluon_swap_kernel():
+    """decode_swap_gluon's kernel, or the reason it cannot be loaded (Gluon is Triton's
+    experimental dialect: an API change must cost speed, not the import of kvtax)."""
+    global _GLUON_SWAP
+    if _GLUON_SWAP is None:
+        try:
+            from kvtax.attention.kernels.decode_swap_gluon import _decode_swap_gluon_kernel
+            _GLUON_SWAP = _decode_swap_gluon_kernel
+        except Exception as exc:  # noqa: BLE001 (any import-time failure: use the twin)
+            _GLUON_SWAP = f"Gluon unavailable ({type(exc).__name__}: {exc})"
+    return _GLUON_SWAP
+
+
+_GLUON_SWAP: object = None
+
+
+def gluon_swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
+    """None when decode_swap_gluon.py serves this call (the CUDA path of kernel "swap"):
+    `swap_reason`'s cases with int8 or int4 in groups of 64 for both K and V at head_dim
+    128, packed code rows, scales in the queries' dtype, compiled (not interpreted)
+    Triton with Gluon. Otherwise kernel "swap" runs decode_swap.py, its Triton twin."""
+    if _interpreting():
+        return "Gluon kernels do not run in Triton's interpreter"
+    reason = swap_reason(q, view)
+    if reason is not None:
+        return reason
+    k, v = view.spec.key, view.spec.value
+    if view.head_dim != 128 or k.n_bits != v.n_bits or k.group_size != 64 or v.group_size != 64:
+        return "Gluon swap serves int8 / int4 K and V alike, group 64, head_dim 128"
+    row = 128 if k.n_bits == 8 else 64
+    for qt in (view.k, view.v):
+        if qt.codes.shape[-1] != row or qt.codes.stride(-1) != 1:
+            return "code rows are not packed"
+        if qt.scales.dtype != q.dtype or qt.biases.dtype != q.dtype:
+            return "scales are not in the queries' dtype"
+    kernel = _gluon_swap_kernel()
+    return kernel if isinstance(kernel, str) else None
 
 
 def packed_decode_config(
@@ -470,7 +520,9 @@ def _triton_attention(
         raise ShapeError(f"min_distance {min_distance}, min_key {min_key} must be in [0, 2^31)")
     if n_q == 0 or b == 0:
         return out
-    cfg = config or launch_config(q, view, lengths)
+    cfg = config or launch_config(
+        q, view, lengths, softcap=bool(softcap),
+        masked=bool(min_distance or min_key or kv_start is not None))
 
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     log2e = 1.4426950408889634
@@ -537,15 +589,12 @@ def _triton_attention(
             reason = "hybrid-cache masks / left padding are decode_warp.py's"
         if reason is not None:
             raise ShapeError(f"decode_swap kernel cannot run this call: {reason}")
-        k_ng = d // view.spec.key.group_size
-        v_ng = d // view.spec.value.group_size
-        _decode_swap_kernel[(b * h_kv, splits)](
-            q, part_o, part_m, part_l, *cache_args[:7], scalars[0], n_q, splits, h_kv,
-            qk_scale, cap_log2, *q.stride(), *strides,
-            G=group, HEAD_DIM=d, K_FMT=k_fmt, K_NG=k_ng, V_FMT=v_fmt, V_NG=v_ng,
-            SOFTCAP=bool(softcap), HAS_LENS=lengths is not None, ASM=not _interpreting(),
-            num_warps=1, num_stages=cfg.num_stages,
-        )
+        if not softcap and gluon_swap_reason(q, view) is None:
+            _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, splits,
+                               cfg.num_stages)
+        else:
+            _launch_swap_triton(q, view, part_o, part_m, part_l, cache_args, scalars[0],
+                                qk_scale, cap_log2, strides, splits, softcap, lengths, cfg)
     elif cfg.kernel == "warp":
         reason = _warp_reason(view)
         if reason is not None or cfg.block_m < rows:
@@ -570,6 +619,44 @@ def _triton_attention(
         num_warps=4,
     )
     return out
+
+
+def _launch_swap_triton(q, view, part_o, part_m, part_l, cache_args, length_host, qk_scale,
+                        cap_log2, strides, splits, softcap, lengths, cfg) -> None:
+    """decode_swap.py (the Triton twin: any `swap_reason` case, soft-capping too)."""
+    d, b, h_kv = view.head_dim, q.shape[0], view.num_kv_heads
+    k_fmt, _ = _format_code(view.spec.key)  # type: ignore[misc]
+    v_fmt, _ = _format_code(view.spec.value)  # type: ignore[misc]
+    _decode_swap_kernel[(b * h_kv, splits)](
+        q, part_o, part_m, part_l, *cache_args[:7], length_host, q.shape[2], splits, h_kv,
+        qk_scale, cap_log2, *q.stride(), *strides,
+        G=q.shape[1] // h_kv, HEAD_DIM=d, K_FMT=k_fmt, K_NG=d // view.spec.key.group_size,
+        V_FMT=v_fmt, V_NG=d // view.spec.value.group_size, SOFTCAP=bool(softcap),
+        HAS_LENS=lengths is not None, ASM=not _interpreting(), num_warps=1,
+        num_stages=cfg.num_stages,
+    )
+
+
+def _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, splits,
+                       stages) -> None:
+    """decode_swap_gluon.py: scales and biases as 32-bit words (one slot's lo / hi pair;
+    `swap_reason` checked their alignment), V codes as uint16 pairs."""
+    import triton.experimental.gluon.language as gl
+
+    b, h_kv = q.shape[0], view.num_kv_heads
+    kc, ks, kb = _parts(view.k)
+    vc, vs, vb = _parts(view.v)
+    words = [t.view(torch.int32)[..., 0] for t in (ks, kb, vs, vb)]
+    vc16 = vc.view(torch.int16)
+    _gluon_swap_kernel()[(b * h_kv, splits)](
+        q, part_o, part_m, part_l, kc, vc16, *words,
+        lengths if lengths is not None else kc, view.length, q.shape[2], splits, h_kv,
+        qk_scale, *q.stride(), *kc.stride()[:3], *words[0].stride()[:2],
+        *vc16.stride()[:3], *words[2].stride()[:2],
+        G=q.shape[1] // h_kv, D=view.head_dim, STAGES=stages,
+        MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
+        INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, num_warps=1,
+    )
 
 
 # the launch-wide constexprs decode_warp.py and decode_packed.py take from `common`

@@ -1,0 +1,376 @@
+"""Gluon version of decode_swap.py for the CUDA path: the same algorithm (slots as the
+MMA's M, two 4-row streams per 32-slot step, block-diagonal Q, folded scales, streams
+merged at the end of the split) with explicit layouts, for int8 or int4 K and V in
+groups of 64 at head_dim 128, G * L <= 4, full caches.
+
+Why a second implementation. Triton picks the layouts of decode_swap.py itself: it moves
+P and the operands through shared memory (~770 instructions per 32-slot step, ~250
+registers), and measured no faster than decode_warp.py on the H200. Written in Gluon
+(Triton's explicit-layout dialect) the step is ~580 instructions in ~168 registers: the
+codes go from shared memory to the MMA operands by ldmatrix and one prmt per two codes,
+P reaches its operand layout through warp shuffles. H200, 128k, one Llama-3.1-8B layer
+(notes/KERNELS.md, session 9): int8 0.083 ms vs decode_warp's 0.091, int4 0.056 vs 0.070
+(12 programs per SM, which its register count allows).
+
+Gluon does not run in Triton's interpreter, so CI cannot execute this kernel:
+decode_swap.py is its twin (every formula the same) and runs there; this file is checked
+on the GPU (tests/test_kernels_swap_gpu.py) and compiled for sm_90 by
+benchmarks/compile_check.py. Works on Triton 3.6 (the H200 image) and 3.9.
+
+Codes: K as fp16 1024 + c (offset folded into the bias); V centered (c - 128, int4
+c - 8); scales and biases read as 32-bit words (the lo- and hi-half values of a slot).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+# version bridges: cp.async global->shared is `async_copy_global_to_shared` on 3.6 and
+# `async_load` on 3.9 (the old name raises there); the partition barrier `thread_barrier`
+# became `barrier`
+if hasattr(async_copy, "async_load"):
+    _cp_async = async_copy.async_load
+else:
+    _cp_async = async_copy.async_copy_global_to_shared
+_bar = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
+
+@gluon.jit
+def _x8(c):
+    """uint8 codes (4 per 32-bit word) -> fp16 1024 + c: two prmt per 4 codes."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        prmt.b32 $0, $2, 0x64646464, 0x4140;
+        prmt.b32 $1, $2, 0x64646464, 0x4342;
+        }""",
+        constraints="=r,=r,r", args=[c], dtype=gl.float16, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _x8_pairs(w):
+    """uint16 pairs (dim 2p, dim 2p + 1) of int8 codes, two slots per word -> fp16
+    (even-dim code - 128, odd-dim code - 128): one prmt and one sub.f16x2 per two codes.
+    V codes are centered (unlike K's): P @ (1024 + c) accumulated over a long context
+    carries fp32 rounding of the 1024 offset (int4 at 70k tokens: over the fp16 bound)."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t0, t1, m;
+        mov.b32 m, 0x64806480;
+        prmt.b32 t0, $2, 0x64646464, 0x4240;
+        prmt.b32 t1, $2, 0x64646464, 0x4341;
+        sub.f16x2 $0, t0, m;
+        sub.f16x2 $1, t1, m;
+        }""",
+        constraints="=r,=r,r", args=[w], dtype=(gl.float16, gl.float16), is_pure=True,
+        pack=2)
+
+
+@gluon.jit
+def _x4(c):
+    """Packed int4 bytes (4 per 32-bit word; low nibble = a lo-half dim, high nibble the
+    dim D/2 further) -> (fp16 1024 + lo nibble, fp16 1024 + hi nibble)."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 lo, hi;
+        and.b32 lo, $4, 0x0F0F0F0F;
+        shr.b32 hi, $4, 4;
+        and.b32 hi, hi, 0x0F0F0F0F;
+        prmt.b32 $0, lo, 0x64646464, 0x4140;
+        prmt.b32 $1, lo, 0x64646464, 0x4342;
+        prmt.b32 $2, hi, 0x64646464, 0x4140;
+        prmt.b32 $3, hi, 0x64646464, 0x4342;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[c], dtype=(gl.float16, gl.float16), is_pure=True,
+        pack=4)
+
+
+@gluon.jit
+def _x4_pairs(w):
+    """uint16 = packed int4 bytes (2j, 2j + 1), two slots per word -> fp16 nibble - 8
+    for dims 2j, 2j + 1 (low nibbles), D/2 + 2j, D/2 + 2j + 1 (high nibbles)."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 lo, hi, lo0, lo1, hi0, hi1, m;
+        mov.b32 m, 0x64086408;
+        and.b32 lo, $4, 0x0F0F0F0F;
+        shr.b32 hi, $4, 4;
+        and.b32 hi, hi, 0x0F0F0F0F;
+        prmt.b32 lo0, lo, 0x64646464, 0x4240;
+        prmt.b32 lo1, lo, 0x64646464, 0x4341;
+        prmt.b32 hi0, hi, 0x64646464, 0x4240;
+        prmt.b32 hi1, hi, 0x64646464, 0x4341;
+        sub.f16x2 $0, lo0, m;
+        sub.f16x2 $1, lo1, m;
+        sub.f16x2 $2, hi0, m;
+        sub.f16x2 $3, hi1, m;
+        }""",
+        constraints="=r,=r,=r,=r,r", args=[w],
+        dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=2)
+
+
+@gluon.jit
+def _halves(w, MDT: gl.constexpr):
+    """uint32 words (lo-half value, hi-half value) in the model dtype -> two fp32."""
+    lo = w.to(gl.int16).to(MDT, bitcast=True).to(gl.float32)
+    hi = (w >> 16).to(gl.int16).to(MDT, bitcast=True).to(gl.float32)
+    return lo, hi
+
+
+@gluon.jit
+def _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16, tile, length,
+           s_kc_t, s_vc_t, STAGES: gl.constexpr, i, BN: gl.constexpr, KB: gl.constexpr,
+           VP: gl.constexpr):
+    """cp.async of one step's K codes [BN, KB] uint8 and V pairs [BN, VP] uint16 into
+    stage i % STAGES (16 B per lane per copy; slots >= length zero-fill), one group."""
+    s = i % STAGES
+    slot8 = tile * BN + rows8
+    _cp_async(k_smem.index(s), p_kc + slot8.to(gl.int64)[:, None] * s_kc_t + cols8[None, :],
+              mask=(slot8 < length)[:, None] & (cols8 < KB)[None, :])
+    slot16 = tile * BN + rows16
+    _cp_async(v_smem.index(s), p_vc + slot16.to(gl.int64)[:, None] * s_vc_t + cols16[None, :],
+              mask=(slot16 < length)[:, None] & (cols16 < VP)[None, :])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _fold_streams(x, PH: gl.constexpr, st_l: gl.constexpr):
+    """[PH, 8] (columns = 2 streams x 4 rows, already weighted) -> [PH, 4] in st_l."""
+    return gl.convert_layout(gl.sum(gl.reshape(x, [PH, 2, 4]), 1), st_l)
+
+
+@gluon.jit
+def _decode_swap_gluon_kernel(
+    q_ptr, part_o, part_m, part_l, kc, vc, ksw, kbw, vsw, vbw, lens,
+    length_host, n_q, num_splits, n_kv_heads, qk_scale,
+    s_qb, s_qh, s_ql, s_qd,
+    s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h,
+    s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h,
+    G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
+    INT4: gl.constexpr, HAS_LENS: gl.constexpr,
+):
+    """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
+    codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
+    ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT).
+    Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4)."""
+    SUB: gl.constexpr = 16
+    BN: gl.constexpr = 32
+    NC: gl.constexpr = 8
+    DH: gl.constexpr = D // 2
+    PH: gl.constexpr = D // 4
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1],
+                                                  instr_shape=[16, 8])
+    # K's operands hold 4 consecutive codes per 32-bit register (one prmt pair each)
+    ka_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    qb_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=4)
+    va_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    pb_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    row_l: gl.constexpr = gl.SliceLayout(1, mma)
+    col_l: gl.constexpr = gl.SliceLayout(0, mma)
+
+    pid_bh = gl.program_id(0)
+    split = gl.program_id(1)
+    b = (pid_bh // n_kv_heads).to(gl.int64)
+    h = (pid_bh % n_kv_heads).to(gl.int64)
+    if HAS_LENS:
+        length = gl.load(lens + b)
+    else:
+        length = length_host
+    n_tiles = gl.cdiv(length, BN)
+    n_my = gl.maximum(n_tiles - split + num_splits - 1, 0) // num_splits  # strided steps
+    n_rows = G * n_q
+
+    # ---- queries: block-diagonal B operands [D/2, 8] per scale half; column c is
+    # stream c // 4, row c % 4 (query head h * G + row % G at position row // G)
+    qk = gl.arange(0, DH, layout=gl.SliceLayout(1, qb_l))
+    qc = gl.arange(0, NC, layout=gl.SliceLayout(0, qb_l))
+    qr = qc % 4
+    p_q = (q_ptr + b * s_qb + (h * G + qr % G).to(gl.int64)[None, :] * s_qh
+           + (qr // G).to(gl.int64)[None, :] * s_ql)
+    mq = (qr < n_rows)[None, :] & (qk < DH)[:, None]
+    q_lo = gl.load(p_q + qk[:, None] * s_qd, mask=mq, other=0.0).to(gl.float16)
+    q_hi = gl.load(p_q + (qk + DH)[:, None] * s_qd, mask=mq, other=0.0).to(gl.float16)
+    top = (qc < 4)[None, :]
+    zq = gl.zeros([DH, NC], gl.float16, qb_l)
+    bq_lo0 = gl.where(top, q_lo, zq)
+    bq_lo1 = gl.where(top, zq, q_lo)
+    bq_hi0 = gl.where(top, q_hi, zq)
+    bq_hi1 = gl.where(top, zq, q_hi)
+    qs_lo = gl.convert_layout(gl.sum(q_lo.to(gl.float32), 0), col_l)  # what the MMA sees
+    qs_hi = gl.convert_layout(gl.sum(q_hi.to(gl.float32), 0), col_l)
+
+    mc = gl.arange(0, NC, layout=col_l)
+    mi = gl.arange(0, SUB, layout=row_l)
+    q_pos = length - n_q + (mc % 4) // G  # causal bottom-right; padded columns never stored
+    moff = mi[:, None] + SUB * (mc // 4)[None, :]  # [16, 8]: slot of each score element
+
+    p_ksw = ksw + b * s_km_b + h * s_km_h
+    p_kbw = kbw + b * s_km_b + h * s_km_h
+    p_vsw = vsw + b * s_vm_b + h * s_vm_h
+    p_vbw = vbw + b * s_vm_b + h * s_vm_h
+
+    # ---- staging: K codes and V pairs through a STAGES-deep cp.async ring
+    # row widths: int8 K D bytes, V D/2 pairs; int4 (split halves) K D/2 bytes, V D/4
+    KB: gl.constexpr = D // 2 if INT4 else D
+    VP: gl.constexpr = D // 4 if INT4 else D // 2
+    PHASES: gl.constexpr = 8 if KB == 128 else 4  # 16-byte chunks per 128-byte line
+    PER: gl.constexpr = 1 if KB == 128 else 2     # rows per 128-byte line
+    swz8: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=PER, max_phase=PHASES,
+                                                 order=[1, 0])
+    swz16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=PER, max_phase=PHASES,
+                                                  order=[1, 0])
+    k_smem = gl.allocate_shared_memory(gl.uint8, [STAGES, BN, KB], swz8)
+    v_smem = gl.allocate_shared_memory(gl.uint16, [STAGES, BN, VP], swz16)
+    LANES: gl.constexpr = KB // 16  # lanes across a row (16 B each)
+    ld8: gl.constexpr = gl.BlockedLayout([1, 16], [32 // LANES, LANES], [1, 1], [1, 0])
+    ld16: gl.constexpr = gl.BlockedLayout([1, 8], [32 // LANES, LANES], [1, 1], [1, 0])
+    rows8 = gl.arange(0, BN, layout=gl.SliceLayout(1, ld8))
+    cols8 = gl.arange(0, KB, layout=gl.SliceLayout(0, ld8))
+    rows16 = gl.arange(0, BN, layout=gl.SliceLayout(1, ld16))
+    cols16 = gl.arange(0, VP, layout=gl.SliceLayout(0, ld16))
+    p_kc = kc + b * s_kc_b + h * s_kc_h
+    p_vc = vc + b * s_vc_b + h * s_vc_h
+    for j in gl.static_range(STAGES - 1):  # tiles past n_my lie past length: zero-filled
+        _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
+               split + j * num_splits, length, s_kc_t, s_vc_t, STAGES, j, BN, KB, VP)
+
+    # metadata of step 0 (registers, one step ahead)
+    slot_m = split * BN + moff
+    mm = slot_m < length
+    ksw_n = gl.load(p_ksw + slot_m, mask=mm, other=0)
+    kbw_n = gl.load(p_kbw + slot_m, mask=mm, other=0)
+    vsw_n = gl.load(p_vsw + slot_m, mask=mm, other=0)
+    vbw_n = gl.load(p_vbw + slot_m, mask=mm, other=0)
+
+    acc_e_lo = gl.zeros([PH, NC], gl.float32, mma)  # dims 2p        (p < D/4)
+    acc_o_lo = gl.zeros([PH, NC], gl.float32, mma)  # dims 2p + 1
+    acc_e_hi = gl.zeros([PH, NC], gl.float32, mma)  # dims D/2 + 2p
+    acc_o_hi = gl.zeros([PH, NC], gl.float32, mma)  # dims D/2 + 2p + 1
+    m_i = gl.full([NC], float("-inf"), gl.float32, col_l)
+    l_acc = gl.zeros([SUB, NC], gl.float32, mma)   # per-lane partial sums (reduced at the end)
+    b_lo = gl.zeros([SUB, NC], gl.float32, mma)    # sum p * (vb + VOFF * vs), lo half
+    b_hi = gl.zeros([SUB, NC], gl.float32, mma)
+    VOFF: gl.constexpr = 8.0 if INT4 else 128.0     # V codes enter centered: c - VOFF
+    t_v = 1e-30  # running largest V scale: acc holds P @ (V / t_v)
+    zs = gl.zeros([SUB, NC], gl.float32, mma)
+    zp = gl.zeros([SUB, NC], gl.float16, pb_l)
+    pcol = gl.arange(0, NC, layout=gl.SliceLayout(0, pb_l))
+    first = (pcol < 4)[None, :]
+
+    for i in range(n_my):
+        tile = split + i * num_splits
+        s = i % STAGES
+        async_copy.wait_group(STAGES - 2)
+        _bar()  # every lane's copies of stage s landed; stage (i - 1) % STAGES is free
+        _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
+               tile + (STAGES - 1) * num_splits, length, s_kc_t, s_vc_t, STAGES,
+               i + STAGES - 1, BN, KB, VP)
+        ksw_c = ksw_n
+        kbw_c = kbw_n
+        vsw_c = vsw_n
+        vbw_c = vbw_n
+        slot_m = (tile + num_splits) * BN + moff
+        mm = slot_m < length
+        ksw_n = gl.load(p_ksw + slot_m, mask=mm, other=0)
+        kbw_n = gl.load(p_kbw + slot_m, mask=mm, other=0)
+        vsw_n = gl.load(p_vsw + slot_m, mask=mm, other=0)
+        vbw_n = gl.load(p_vbw + slot_m, mask=mm, other=0)
+
+        # ---- scores S^T [16, 8]: two streams through block-diagonal Q
+        k_st = k_smem.index(s)
+        if INT4:  # one byte tile per stream holds both halves
+            a0_lo, a0_hi = _x4(k_st.slice(0, SUB, 0).load(ka_l))
+            a1_lo, a1_hi = _x4(k_st.slice(SUB, SUB, 0).load(ka_l))
+            d_lo = mma_v2(a1_lo, bq_lo1, mma_v2(a0_lo, bq_lo0, zs))
+            d_hi = mma_v2(a1_hi, bq_hi1, mma_v2(a0_hi, bq_hi0, zs))
+        else:
+            d_lo = mma_v2(_x8(k_st.slice(0, SUB, 0).slice(0, DH, 1).load(ka_l)), bq_lo0, zs)
+            d_lo = mma_v2(_x8(k_st.slice(SUB, SUB, 0).slice(0, DH, 1).load(ka_l)), bq_lo1,
+                          d_lo)
+            d_hi = mma_v2(_x8(k_st.slice(0, SUB, 0).slice(DH, DH, 1).load(ka_l)), bq_hi0, zs)
+            d_hi = mma_v2(_x8(k_st.slice(SUB, SUB, 0).slice(DH, DH, 1).load(ka_l)), bq_hi1,
+                          d_hi)
+        ks_lo, ks_hi = _halves(ksw_c, MDT)
+        kb_lo, kb_hi = _halves(kbw_c, MDT)
+        sc = (d_lo * (ks_lo * qk_scale) + d_hi * (ks_hi * qk_scale)
+              + qs_lo[None, :] * ((kb_lo - 1024.0 * ks_lo) * qk_scale)
+              + qs_hi[None, :] * ((kb_hi - 1024.0 * ks_hi) * qk_scale))
+        vis = (tile * BN + moff) <= q_pos[None, :]
+        sc = gl.where(vis, sc, float("-inf"))
+
+        # ---- online softmax per column (eager rescale)
+        m_new = gl.maximum(m_i, gl.max(sc, 0))
+        alpha = gl.where(m_new == float("-inf"), 1.0, gl.exp2(m_i - m_new))
+        m_base = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
+        vs_lo, vs_hi = _halves(vsw_c, MDT)  # past length: 0 (masked loads)
+        vb_lo, vb_hi = _halves(vbw_c, MDT)
+        al = alpha[None, :]
+        l_acc = l_acc * al + p
+        b_lo = b_lo * al + p * (vb_lo + VOFF * vs_lo)
+        b_hi = b_hi * al + p * (vb_hi + VOFF * vs_hi)
+        t_new = gl.maximum(t_v, gl.max(gl.max(gl.maximum(vs_lo, vs_hi), 1), 0))
+        f = (alpha * (t_v / t_new))[None, :]
+        inv_t = 1.0 / t_new
+        t_v = t_new
+        m_i = m_new
+        pt_lo = gl.convert_layout((p * (vs_lo * inv_t)).to(gl.float16), pb_l)
+        pt_hi = gl.convert_layout((p * (vs_hi * inv_t)).to(gl.float16), pb_l)
+        p0_lo = gl.where(first, pt_lo, zp)
+        p1_lo = gl.where(first, zp, pt_lo)
+        p0_hi = gl.where(first, pt_hi, zp)
+        p1_hi = gl.where(first, zp, pt_hi)
+
+        # ---- O^T [D, 8] += V^T @ P^T, per stream, even / odd dims, lo / hi halves
+        v_st = v_smem.index(s)
+        if INT4:  # one pair tile per stream holds all four dim quarters
+            e, o, e2, o2 = _x4_pairs(v_st.slice(0, SUB, 0).permute((1, 0)).load(va_l))
+            acc_e_lo = mma_v2(e, p0_lo, acc_e_lo * f)
+            acc_o_lo = mma_v2(o, p0_lo, acc_o_lo * f)
+            acc_e_hi = mma_v2(e2, p0_hi, acc_e_hi * f)
+            acc_o_hi = mma_v2(o2, p0_hi, acc_o_hi * f)
+            e, o, e2, o2 = _x4_pairs(v_st.slice(SUB, SUB, 0).permute((1, 0)).load(va_l))
+            acc_e_lo = mma_v2(e, p1_lo, acc_e_lo)
+            acc_o_lo = mma_v2(o, p1_lo, acc_o_lo)
+            acc_e_hi = mma_v2(e2, p1_hi, acc_e_hi)
+            acc_o_hi = mma_v2(o2, p1_hi, acc_o_hi)
+        else:
+            e, o = _x8_pairs(v_st.slice(0, SUB, 0).slice(0, PH, 1).permute((1, 0)).load(va_l))
+            acc_e_lo = mma_v2(e, p0_lo, acc_e_lo * f)
+            acc_o_lo = mma_v2(o, p0_lo, acc_o_lo * f)
+            e, o = _x8_pairs(v_st.slice(0, SUB, 0).slice(PH, PH, 1).permute((1, 0)).load(va_l))
+            acc_e_hi = mma_v2(e, p0_hi, acc_e_hi * f)
+            acc_o_hi = mma_v2(o, p0_hi, acc_o_hi * f)
+            e, o = _x8_pairs(v_st.slice(SUB, SUB, 0).slice(0, PH, 1).permute((1, 0))
+                             .load(va_l))
+            acc_e_lo = mma_v2(e, p1_lo, acc_e_lo)
+            acc_o_lo = mma_v2(o, p1_lo, acc_o_lo)
+            e, o = _x8_pairs(v_st.slice(SUB, SUB, 0).slice(PH, PH, 1).permute((1, 0))
+                             .load(va_l))
+            acc_e_hi = mma_v2(e, p1_hi, acc_e_hi)
+            acc_o_hi = mma_v2(o, p1_hi, acc_o_hi)
+
+    async_copy.wait_group(0)  # no copy may land after the program exits
+
+    # ---- merge the two streams (columns c and c + 4): one partial per split, row r
+    l_c = gl.sum(l_acc, 0)
+    bl = gl.sum(b_lo, 0)[None, :]
+    bh = gl.sum(b_hi, 0)[None, :]
+    m2 = gl.reshape(m_i, [2, 4])
+    mx = gl.max(m2, 0)
+    mxb = gl.where(mx == float("-inf"), 0.0, mx)
+    w = gl.convert_layout(gl.reshape(gl.exp2(m2 - mxb[None, :]), [NC]), col_l)
+    st_l: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [1, 1], [1, 0])
+    r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, st_l))
+    d4 = 2 * gl.arange(0, PH, layout=gl.SliceLayout(1, st_l))[:, None]
+    prow = (pid_bh.to(gl.int64) * num_splits + split) * n_rows + r4
+    ok = r4 < n_rows
+    gl.store(part_m + prow, gl.convert_layout(mx, gl.SliceLayout(0, st_l)), mask=ok)
+    l4 = gl.sum(gl.reshape(l_c * w, [2, 4]), 0)
+    gl.store(part_l + prow, gl.convert_layout(l4, gl.SliceLayout(0, st_l)), mask=ok)
+    po = part_o + prow[None, :] * D + d4
+    mo = ok[None, :] & (d4 < D)
+    ww = w[None, :]
+    gl.store(po, _fold_streams((acc_e_lo * t_v + bl) * ww, PH, st_l), mask=mo)
+    gl.store(po + 1, _fold_streams((acc_o_lo * t_v + bl) * ww, PH, st_l), mask=mo)
+    gl.store(po + DH, _fold_streams((acc_e_hi * t_v + bh) * ww, PH, st_l), mask=mo)
+    gl.store(po + DH + 1, _fold_streams((acc_o_hi * t_v + bh) * ww, PH, st_l), mask=mo)
