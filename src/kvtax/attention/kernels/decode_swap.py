@@ -38,45 +38,14 @@ dim j + D/2 in its high one). NG: scale groups per row (1 or 2; 2 = one per half
 import triton
 import triton.language as tl
 
+from kvtax.attention.kernels import swap_asm
 from kvtax.attention.kernels.common import _tanh, sequence_of
 
-_X8_ASM = tl.constexpr("""{
-    prmt.b32 $0, $2, 0x64646464, 0x4140;
-    prmt.b32 $1, $2, 0x64646464, 0x4342;
-    }""")
-_X4_ASM = tl.constexpr("""{
-    .reg .b32 lo, hi;
-    and.b32 lo, $4, 0x0F0F0F0F;
-    shr.b32 hi, $4, 4;
-    and.b32 hi, hi, 0x0F0F0F0F;
-    prmt.b32 $0, lo, 0x64646464, 0x4140;
-    prmt.b32 $1, lo, 0x64646464, 0x4342;
-    prmt.b32 $2, hi, 0x64646464, 0x4140;
-    prmt.b32 $3, hi, 0x64646464, 0x4342;
-    }""")
-_X8_PAIRS_ASM = tl.constexpr("""{
-    .reg .b32 t0, t1, m;
-    mov.b32 m, 0x64806480;
-    prmt.b32 t0, $2, 0x64646464, 0x4240;
-    prmt.b32 t1, $2, 0x64646464, 0x4341;
-    sub.f16x2 $0, t0, m;
-    sub.f16x2 $1, t1, m;
-    }""")
-_X4_PAIRS_ASM = tl.constexpr("""{
-    .reg .b32 lo, hi, t0, t1, t2, t3, m;
-    mov.b32 m, 0x64086408;
-    and.b32 lo, $4, 0x0F0F0F0F;
-    shr.b32 hi, $4, 4;
-    and.b32 hi, hi, 0x0F0F0F0F;
-    prmt.b32 t0, lo, 0x64646464, 0x4240;
-    prmt.b32 t1, lo, 0x64646464, 0x4341;
-    prmt.b32 t2, hi, 0x64646464, 0x4240;
-    prmt.b32 t3, hi, 0x64646464, 0x4341;
-    sub.f16x2 $0, t0, m;
-    sub.f16x2 $1, t1, m;
-    sub.f16x2 $2, t2, m;
-    sub.f16x2 $3, t3, m;
-    }""")
+# PTX in swap_asm.py (shared with decode_swap_gluon.py)
+_X8_ASM = tl.constexpr(swap_asm.X8)
+_X4_ASM = tl.constexpr(swap_asm.X4)
+_X8_PAIRS_ASM = tl.constexpr(swap_asm.X8_PAIRS)
+_X4_PAIRS_ASM = tl.constexpr(swap_asm.X4_PAIRS)
 
 
 @triton.jit
@@ -112,9 +81,10 @@ def _k_halves(byte_lo, byte_hi, FMT: tl.constexpr, ASM: tl.constexpr):
 @triton.jit
 def _v_quarters(w_lo, w_hi, FMT: tl.constexpr, ASM: tl.constexpr):
     """Transposed V pair tiles [D/4, slots] uint16 -> four fp16 operands of centered
-    codes (c - 128, int4 c - 8) for the dims (2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1). int8: w_lo / w_hi hold the pairs of
-    the lo / hi half; int4: w_lo holds bytes (2j, 2j + 1), whose low nibbles are dims
-    2j, 2j + 1 and high nibbles dims D/2 + 2j, D/2 + 2j + 1 (w_hi unused)."""
+    codes (c - 128, int4 c - 8) for the dims (2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1).
+    int8: w_lo / w_hi hold the pairs of the lo / hi half; int4: w_lo holds bytes (2j,
+    2j + 1), whose low nibbles are dims 2j, 2j + 1 and high nibbles dims D/2 + 2j,
+    D/2 + 2j + 1 (w_hi unused)."""
     if FMT == 2:
         if ASM:
             a, b, c, d = tl.inline_asm_elementwise(

@@ -25,6 +25,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from kvtax.attention.kernels import swap_asm
+
 # version bridges: cp.async global->shared is `async_copy_global_to_shared` on 3.6 and
 # `async_load` on 3.9 (the old name raises there); the partition barrier `thread_barrier`
 # became `barrier`
@@ -33,17 +35,18 @@ if hasattr(async_copy, "async_load"):
 else:
     _cp_async = async_copy.async_copy_global_to_shared
 _bar = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+# PTX in swap_asm.py (shared with decode_swap.py)
+_X8_ASM = gl.constexpr(swap_asm.X8)
+_X4_ASM = gl.constexpr(swap_asm.X4)
+_X8_PAIRS_ASM = gl.constexpr(swap_asm.X8_PAIRS)
+_X4_PAIRS_ASM = gl.constexpr(swap_asm.X4_PAIRS)
 
 
 @gluon.jit
 def _x8(c):
     """uint8 codes (4 per 32-bit word) -> fp16 1024 + c: two prmt per 4 codes."""
     return gl.inline_asm_elementwise(
-        asm="""{
-        prmt.b32 $0, $2, 0x64646464, 0x4140;
-        prmt.b32 $1, $2, 0x64646464, 0x4342;
-        }""",
-        constraints="=r,=r,r", args=[c], dtype=gl.float16, is_pure=True, pack=4)
+        asm=_X8_ASM, constraints="=r,=r,r", args=[c], dtype=gl.float16, is_pure=True, pack=4)
 
 
 @gluon.jit
@@ -53,16 +56,8 @@ def _x8_pairs(w):
     V codes are centered (unlike K's): P @ (1024 + c) accumulated over a long context
     carries fp32 rounding of the 1024 offset (int4 at 70k tokens: over the fp16 bound)."""
     return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 t0, t1, m;
-        mov.b32 m, 0x64806480;
-        prmt.b32 t0, $2, 0x64646464, 0x4240;
-        prmt.b32 t1, $2, 0x64646464, 0x4341;
-        sub.f16x2 $0, t0, m;
-        sub.f16x2 $1, t1, m;
-        }""",
-        constraints="=r,=r,r", args=[w], dtype=(gl.float16, gl.float16), is_pure=True,
-        pack=2)
+        asm=_X8_PAIRS_ASM, constraints="=r,=r,r", args=[w], dtype=(gl.float16, gl.float16),
+        is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -70,18 +65,8 @@ def _x4(c):
     """Packed int4 bytes (4 per 32-bit word; low nibble = a lo-half dim, high nibble the
     dim D/2 further) -> (fp16 1024 + lo nibble, fp16 1024 + hi nibble)."""
     return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 lo, hi;
-        and.b32 lo, $4, 0x0F0F0F0F;
-        shr.b32 hi, $4, 4;
-        and.b32 hi, hi, 0x0F0F0F0F;
-        prmt.b32 $0, lo, 0x64646464, 0x4140;
-        prmt.b32 $1, lo, 0x64646464, 0x4342;
-        prmt.b32 $2, hi, 0x64646464, 0x4140;
-        prmt.b32 $3, hi, 0x64646464, 0x4342;
-        }""",
-        constraints="=r,=r,=r,=r,r", args=[c], dtype=(gl.float16, gl.float16), is_pure=True,
-        pack=4)
+        asm=_X4_ASM, constraints="=r,=r,=r,=r,r", args=[c], dtype=(gl.float16, gl.float16),
+        is_pure=True, pack=4)
 
 
 @gluon.jit
@@ -89,22 +74,7 @@ def _x4_pairs(w):
     """uint16 = packed int4 bytes (2j, 2j + 1), two slots per word -> fp16 nibble - 8
     for dims 2j, 2j + 1 (low nibbles), D/2 + 2j, D/2 + 2j + 1 (high nibbles)."""
     return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 lo, hi, lo0, lo1, hi0, hi1, m;
-        mov.b32 m, 0x64086408;
-        and.b32 lo, $4, 0x0F0F0F0F;
-        shr.b32 hi, $4, 4;
-        and.b32 hi, hi, 0x0F0F0F0F;
-        prmt.b32 lo0, lo, 0x64646464, 0x4240;
-        prmt.b32 lo1, lo, 0x64646464, 0x4341;
-        prmt.b32 hi0, hi, 0x64646464, 0x4240;
-        prmt.b32 hi1, hi, 0x64646464, 0x4341;
-        sub.f16x2 $0, lo0, m;
-        sub.f16x2 $1, lo1, m;
-        sub.f16x2 $2, hi0, m;
-        sub.f16x2 $3, hi1, m;
-        }""",
-        constraints="=r,=r,=r,=r,r", args=[w],
+        asm=_X4_PAIRS_ASM, constraints="=r,=r,=r,=r,r", args=[w],
         dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=2)
 
 
