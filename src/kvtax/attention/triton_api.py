@@ -259,6 +259,10 @@ def gluon_swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     Triton with Gluon. Otherwise kernel "swap" runs decode_swap.py, its Triton twin."""
     if _interpreting():
         return "Gluon kernels do not run in Triton's interpreter"
+    if torch.version.hip is not None:
+        return "the Gluon kernel is written for NVIDIA GPUs"
+    if q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 0):
+        return "the Gluon kernel needs sm_80+ (cp.async, mma.sync m16n8k16)"
     reason = swap_reason(q, view)
     if reason is not None:
         return reason
