@@ -81,3 +81,15 @@ def test_swap_refuses_with_reason(spec, d, group, n_q, window, why):
     cfg = dataclasses.replace(swap_decode_config(q, view), num_splits=1)
     with pytest.raises(ShapeError, match="decode_swap kernel cannot run"):
         ke.triton_attention(q, view, config=cfg)
+
+
+@pytest.mark.skipif(ke.HAS_CUDA, reason="the interpreter's side of the dispatch")
+def test_gluon_kernel_never_chosen_under_the_interpreter():
+    """Gluon cannot run interpreted: the table keeps decode_warp and kernel "swap" runs the
+    Triton twin (this file's other tests), whatever the shape."""
+    from kvtax.attention.triton_api import gluon_swap_reason, launch_config
+
+    q, view = build("int8", d=128, h_kv=2, group=4, ctx=40, n_q=1)
+    assert swap_reason(q, view) is None
+    assert "interpreter" in gluon_swap_reason(q, view)
+    assert launch_config(q, view).kernel == "warp"
