@@ -161,7 +161,8 @@ def build_arm(name, q, caches, kv, lengths, expect, args):
 # decode_swap.py (slots as the MMA's M; int8 / int4, G * L <= 4): swap_decode_config's
 # keyword arguments
 SWEEP_SWAP = {"swap": {}, "swap-s3": dict(num_stages=3), "swap-sm6": dict(per_sm=6),
-              "swap-sm12": dict(per_sm=12)}
+              "swap-sm8": dict(per_sm=8), "swap-sm12": dict(per_sm=12),
+              "swap-lazy": dict(lazy=True), "swap-lazy-sm12": dict(lazy=True, per_sm=12)}
 
 
 def sweep_config(tag, q, view, lengths) -> LaunchConfig:

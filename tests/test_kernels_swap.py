@@ -1,8 +1,10 @@
 """decode_swap.py (slots as the MMA's M, two 4-row streams per step) against the float32
-reference, through the interpreter on CPU (compiled on a GPU): int8 / int4 / mixed K and
-V, one or two scale groups per row, head dims 64 / 128 / 256, G * L from 1 to 4, causal
-L > 1, soft-capping, bf16 queries, device lengths per sequence, split counts that leave
-splits empty; and the calls it refuses, with the reason."""
+reference, through the interpreter on CPU: int8 / int4 / mixed K and V, one or two scale
+groups per row, head dims 64 / 128 / 256, G * L from 1 to 4, causal L > 1, soft-capping,
+bf16 queries, device lengths per sequence, split counts that leave splits empty, eager
+and lazy rescaling; and the calls it refuses, with the reason. On a GPU the same tests
+run compiled, and launch kernel "swap" runs decode_swap_gluon.py where that applies
+(int8 / int4 group 64 at head dim 128, no soft-capping)."""
 
 from __future__ import annotations
 
@@ -93,3 +95,54 @@ def test_gluon_kernel_never_chosen_under_the_interpreter():
     assert swap_reason(q, view) is None
     assert "interpreter" in gluon_swap_reason(q, view)
     assert launch_config(q, view).kernel == "warp"
+
+
+@pytest.mark.parametrize("grow", ["scores", "values", "values-flat"])
+@pytest.mark.parametrize("spec, lazy", [("int8", True), ("int4", True), ("k8v4", True),
+                                        ("int8", False), ("int4", False)])
+def test_swap_rescaling_across_steps(spec, lazy, grow):
+    """Scores climbing along the context (a column's max grows by far more than 2^8); V
+    growing 1000x after slot 64 with the early keys weighted to match; V growing 1e5x
+    under flat scores (P * s / t_v would pass fp16's 65504 unless t_v follows). Both the
+    eager rescale and the lazy one (`lazy=True`: only when a score passes the reference
+    max by 2^8 or a V scale the reference by 2^6) must keep fp16's range and the early
+    steps' share. Head dim 128: the int8 / int4 default groups give two per row."""
+    gen = torch.Generator().manual_seed(7)
+    ctx, d = 300, 128
+    ramp = torch.linspace(0.0, 1.0, ctx)[None, None, :, None]
+    k = torch.randn(1, 1, ctx, d, generator=gen)
+    v = torch.randn(1, 1, ctx, d, generator=gen)
+    q = torch.randn(1, 4, 1, d, generator=gen)
+    if grow == "scores":
+        k, q = k + 4.0 * ramp, q * 0.1 + 0.7  # later keys align with q
+    elif grow == "values":
+        early = (torch.arange(ctx) < 64)[None, None, :, None]
+        v = v * torch.where(early, 1e-3, 1.0)
+        k = 0.1 * k + torch.where(early, 1.22, 0.0)
+        q = torch.full_like(q, 0.5)
+    else:
+        early = (torch.arange(ctx) < 64)[None, None, :, None]
+        v = v * torch.where(early, 1e-5, 1.0)
+        k, q = 0.01 * k, torch.full_like(q, 0.5)
+    cache = ke.FullCache(spec)
+    cache.append(k.to(DEVICE, torch.float16), v.to(DEVICE, torch.float16))
+    q = q.to(DEVICE, torch.float16)
+    cfg = dataclasses.replace(swap_decode_config(q, cache.view(), lazy=lazy), num_splits=2)
+    assert cfg.lazy == lazy
+    out = ke.triton_attention(q, cache.view(), config=cfg)
+    ref = ke.attention_blockwise(q.float(), cache.view())
+    top = ref.abs().max().item()  # outputs may reach ~1e2-1e3 (fp16 steps of 0.06-0.5)
+    ke.assert_close(out.float(), ref, atol=max(2e-2, 2e-3 * top), rel_rms=4e-3,
+                    what=f"swap rescale-{grow}-{spec}-lazy={lazy}")
+
+
+@pytest.mark.parametrize(
+    "spec, d, group, n_q, ctx, softcap, dtype",
+    [("int8", 128, 4, 1, 130, None, torch.float16),
+     ("int4", 128, 2, 2, 75, 30.0, torch.bfloat16),
+     ("k4v8", 64, 1, 3, 40, None, torch.float16)],
+)
+def test_swap_lazy_matches_reference(spec, d, group, n_q, ctx, softcap, dtype):
+    q, view = build(spec, d=d, h_kv=2, group=group, ctx=ctx, n_q=n_q, dtype=dtype)
+    cfg = swap_decode_config(q, view, lazy=True)
+    check(q, view, what=f"swap-lazy-{spec}-{d}", softcap=softcap, config=cfg)

@@ -69,6 +69,16 @@ def test_gluon_swap_matches_reference(spec, ctx, group, batch, dtype):
 
 
 @pytest.mark.parametrize("spec", ["int8", "int4"])
+@pytest.mark.parametrize("ctx", [37, 70000])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gluon_swap_lazy(spec, ctx, dtype):
+    """`lazy=True` (rescale only past 2^8 / 2^6 growth; not the default yet)."""
+    q, view = _build(spec, ctx, 4, 2, 1, dtype)
+    cfg = ta.swap_decode_config(q, view, lazy=True)
+    _check(q, view, f"lazy {spec} ctx={ctx} {dtype}", config=cfg)
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4"])
 @pytest.mark.parametrize("ctx", [2, 37, 4096 + 13])
 def test_gluon_swap_causal_two_rows(spec, ctx):
     """L = 2 (G * L = 4): the newest key is hidden from the first query row."""

@@ -189,12 +189,14 @@ def warp_decode_config(
 
 def swap_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
-    per_sm: int | None = None, num_stages: int = 2,
+    per_sm: int | None = None, num_stages: int = 2, lazy: bool = False,
 ) -> LaunchConfig:
     """decode_swap's launch: one warp per program, 32-slot steps, two stages, `per_sm`
     programs per SM: 12 for int4 K and V, else 8 (the Gluon kernel's best on the H200 at
     128k: int4 0.056 ms at 12 vs 0.063 at 8; int8 0.083 at 8 vs 0.084 at 12,
-    notes/KERNELS.md session 9); splits of >= 4 steps."""
+    notes/KERNELS.md session 9); splits of >= 4 steps. `lazy`: rescale only when a score
+    or V scale outgrows the running reference (one warp-wide max per step instead of the
+    column max, the V-scale max and the accumulator rescale; not yet timed)."""
     if per_sm is None:
         int4 = all(_is_int4(f) for f in (view.spec.key, view.spec.value))
         per_sm = 12 if int4 else 8
@@ -202,7 +204,7 @@ def swap_decode_config(
     steps = triton.cdiv(max(_max_slots(view, lengths), 1), 32)
     want = max(1, per_sm * _sm_count(q.device) // bh)
     splits = max(1, min(want, triton.cdiv(steps, 4), 1024))
-    return LaunchConfig("decode", 16, 32, 1, num_stages, splits, kernel="swap")
+    return LaunchConfig("decode", 16, 32, 1, num_stages, splits, kernel="swap", lazy=lazy)
 
 
 def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
@@ -595,7 +597,7 @@ def _triton_attention(
             raise ShapeError(f"decode_swap kernel cannot run this call: {reason}")
         if not softcap and gluon_swap_reason(q, view) is None:
             _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, splits,
-                               cfg.num_stages)
+                               cfg)
         else:
             _launch_swap_triton(q, view, part_o, part_m, part_l, cache_args, scalars[0],
                                 qk_scale, cap_log2, strides, splits, softcap, lengths, cfg)
@@ -636,13 +638,13 @@ def _launch_swap_triton(q, view, part_o, part_m, part_l, cache_args, length_host
         qk_scale, cap_log2, *q.stride(), *strides,
         G=q.shape[1] // h_kv, HEAD_DIM=d, K_FMT=k_fmt, K_NG=d // view.spec.key.group_size,
         V_FMT=v_fmt, V_NG=d // view.spec.value.group_size, SOFTCAP=bool(softcap),
-        HAS_LENS=lengths is not None, ASM=not _interpreting(), num_warps=1,
+        HAS_LENS=lengths is not None, ASM=not _interpreting(), LAZY=cfg.lazy, num_warps=1,
         num_stages=cfg.num_stages,
     )
 
 
 def _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, splits,
-                       stages) -> None:
+                       cfg) -> None:
     """decode_swap_gluon.py: scales and biases as 32-bit words (one slot's lo / hi pair;
     `swap_reason` checked their alignment), V codes as uint16 pairs."""
     import triton.experimental.gluon.language as gl
@@ -657,9 +659,10 @@ def _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, split
         lengths if lengths is not None else kc, view.length, q.shape[2], splits, h_kv,
         qk_scale, *q.stride(), *kc.stride()[:3], *words[0].stride()[:2],
         *vc16.stride()[:3], *words[2].stride()[:2],
-        G=q.shape[1] // h_kv, D=view.head_dim, STAGES=stages,
+        G=q.shape[1] // h_kv, D=view.head_dim, STAGES=cfg.num_stages,
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
-        INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, num_warps=1,
+        INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, LAZY=cfg.lazy,
+        num_warps=1,
     )
 
 

@@ -182,7 +182,7 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
           qk_scale, cap_log2,
           HEAD_DIM: tl.constexpr, K_FMT: tl.constexpr, K_NG: tl.constexpr,
           V_FMT: tl.constexpr, V_NG: tl.constexpr, SOFTCAP: tl.constexpr,
-          ASM: tl.constexpr, MASKED: tl.constexpr):
+          ASM: tl.constexpr, MASKED: tl.constexpr, LAZY: tl.constexpr):
     """One 32-slot step at `start` (two 16-slot streams). This step's metadata comes in
     (kmeta, vmeta: (s_lo, b_lo, s_hi, b_hi) tuples of [16, 8]); the next step's goes out."""
     k0_lo, k0_hi, v0_lo, v0_hi = _tiles(p_kc, p_vc, start, length, s_kc_t, s_vc_t,
@@ -212,19 +212,48 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
     if MASKED:
         sc = tl.where((start + moff) <= q_pos[None, :], sc, float("-inf"))
 
-    # ---- online softmax per column, rescaled every step
-    m_new = tl.maximum(m_i, tl.max(sc, 0))
-    alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp2(m_i - m_new))
-    m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
-    al = alpha[None, :]
-    l_acc = l_acc * al + p
+    # ---- online softmax per column. acc holds P @ (V / t_v): t_v tracks the largest V
+    # scale so that P * s / t_v stays in fp16's range
     VOFF: tl.constexpr = 8.0 if V_FMT == 2 else 128.0  # V codes enter centered
-    b_lo = b_lo * al + p * (vb_lo + VOFF * vs_lo)
-    b_hi = b_hi * al + p * (vb_hi + VOFF * vs_hi)
-    # acc holds P @ (V / t_v): t_v tracks the largest V scale so P * s / t_v <= 1 in fp16
-    t_new = tl.maximum(t_v, tl.max(tl.max(tl.maximum(vs_lo, vs_hi), 1), 0))
-    f = (alpha * (t_v / t_new))[None, :]
+    if LAZY:
+        # one warp-wide max decides whether to rescale: only when a score passes its
+        # column's reference max by 2^8 or a V scale the reference t_v by 2^6 (the first
+        # step always does); otherwise P <= 2^8 and P * s / t_v <= 2^14
+        m_ref = tl.where(m_i == float("-inf"), -3.0e38, m_i)
+        z = tl.maximum(sc - m_ref[None, :] - 8.0,
+                       tl.where(tl.maximum(vs_lo, vs_hi) > 64.0 * t_v, 1.0, -1.0))
+        m_new = m_i
+        t_new = t_v
+        if tl.max(tl.max(z, 1), 0) > 0.0:
+            m_new = tl.maximum(m_i, tl.max(sc, 0))
+            t_new = tl.maximum(t_v, tl.max(tl.max(tl.maximum(vs_lo, vs_hi), 1), 0))
+            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp2(m_i - m_new))
+            al = alpha[None, :]
+            fr = (alpha * (t_v / t_new))[None, :]
+            acc_a = acc_a * fr
+            acc_b = acc_b * fr
+            acc_c = acc_c * fr
+            acc_d = acc_d * fr
+            l_acc = l_acc * al
+            b_lo = b_lo * al
+            b_hi = b_hi * al
+        m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
+        l_acc = l_acc + p
+        b_lo = b_lo + p * (vb_lo + VOFF * vs_lo)
+        b_hi = b_hi + p * (vb_hi + VOFF * vs_hi)
+        f = 1.0
+    else:  # eager: every step rescales
+        m_new = tl.maximum(m_i, tl.max(sc, 0))
+        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp2(m_i - m_new))
+        m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
+        al = alpha[None, :]
+        l_acc = l_acc * al + p
+        b_lo = b_lo * al + p * (vb_lo + VOFF * vs_lo)
+        b_hi = b_hi * al + p * (vb_hi + VOFF * vs_hi)
+        t_new = tl.maximum(t_v, tl.max(tl.max(tl.maximum(vs_lo, vs_hi), 1), 0))
+        f = (alpha * (t_v / t_new))[None, :]
     inv_t = 1.0 / t_new
     p16_lo = (p * (vs_lo * inv_t)).to(tl.float16)
     p16_hi = (p * (vs_hi * inv_t)).to(tl.float16)
@@ -264,6 +293,7 @@ def _decode_swap_kernel(
     G: tl.constexpr, HEAD_DIM: tl.constexpr,
     K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_LENS: tl.constexpr, ASM: tl.constexpr,
+    LAZY: tl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. Writes PartO [B*H_kv, S, R, D], PartM / PartL
     [B*H_kv, S, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator."""
@@ -328,7 +358,8 @@ def _decode_swap_kernel(
             kmeta, vmeta, start, step, length, q_pos,
             bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
             p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
-            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, False)
+            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, False,
+            LAZY)
     tail = off + tl.cdiv(tl.maximum(full_end - off, 0), step) * step
     for start in range(tail, length, step):
         (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
@@ -337,7 +368,8 @@ def _decode_swap_kernel(
             kmeta, vmeta, start, step, length, q_pos,
             bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
             p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
-            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, True)
+            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, True,
+            LAZY)
 
     # ---- merge the two streams (columns c and c + 4), write one partial per split
     mx = tl.max(tl.reshape(m_i, (2, 4)), 0)
