@@ -590,12 +590,15 @@ def _triton_attention(
             V_NG=d // view.spec.value.group_size, ASM=not _interpreting(), **args,
         )
     elif cfg.kernel == "swap":
-        reason = swap_reason(q, view)
-        if reason is None and (min_distance or min_key or kv_start is not None):
-            reason = "hybrid-cache masks / left padding are decode_warp.py's"
-        if reason is not None:
-            raise ShapeError(f"decode_swap kernel cannot run this call: {reason}")
-        if not softcap and gluon_swap_reason(q, view) is None:
+        # launch_config picks "swap" only where the Gluon kernel serves the call (checked
+        # there, once per call); a caller's explicit config is checked here
+        if config is not None:
+            reason = swap_reason(q, view)
+            if reason is None and (min_distance or min_key or kv_start is not None):
+                reason = "hybrid-cache masks / left padding are decode_warp.py's"
+            if reason is not None:
+                raise ShapeError(f"decode_swap kernel cannot run this call: {reason}")
+        if config is None or (not softcap and gluon_swap_reason(q, view) is None):
             _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, splits,
                                cfg)
         else:
