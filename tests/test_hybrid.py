@@ -12,7 +12,7 @@ import torch
 from kvtax.attention import attention_naive
 from kvtax.attention.hybrid import hybrid_attention
 from kvtax.attention.lse import attention_lse, merge_lse
-from kvtax.cache import FullCache, SlidingCache
+from kvtax.cache import FullCache
 from kvtax.cache.hybrid import HybridCache, make_hybrid_caches
 from kvtax.errors import CapacityError, FormatError
 from kvtax.formats import rotate

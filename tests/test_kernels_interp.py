@@ -316,7 +316,7 @@ def test_decode_packed(spec, d, h_kv, group, n_q, ctx, window, softcap, dtype):
     q, view = build(spec, d=d, h_kv=h_kv, group=group, ctx=ctx, n_q=n_q, window=window,
                     sinks=2 if window else 0, dtype=dtype)
     cfg = _packed(q, view)
-    check(q, view, what=f"packed-{spec}", softcap=softcap)
+    check(q, view, what=f"packed-{spec}", softcap=softcap, config=cfg)
 
 
 @pytest.mark.parametrize("splits", [1, 5, 13])
