@@ -144,3 +144,31 @@ def check(
     atol, rel = TOLERANCE[q.dtype]
     assert_close(got.float(), ref, atol=atol, rel_rms=rel, what=what)
     return got
+
+
+def rescale_case(grow: str, spec: str, *, ctx: int, d: int, seed: int = 7):
+    """q [1, 4, 1, d] fp16 and a one-head FullCache view whose online softmax must rescale
+    along the context (the decode kernels' rescaling tests):
+    "scores": later keys align with q, so a row's max climbs far past 2^8;
+    "values": V 1000x larger after slot 64 while the early keys score ln(1000) higher,
+    so both parts carry a similar weight;
+    "values-flat": V 1e5x larger after slot 64 under flat scores (P * s / t_v passes
+    fp16's 65504 unless the V-scale reference follows)."""
+    gen = torch.Generator().manual_seed(seed)
+    ramp = torch.linspace(0.0, 1.0, ctx)[None, None, :, None]
+    k = torch.randn(1, 1, ctx, d, generator=gen)
+    v = torch.randn(1, 1, ctx, d, generator=gen)
+    q = torch.randn(1, 4, 1, d, generator=gen)
+    early = (torch.arange(ctx) < 64)[None, None, :, None]
+    if grow == "scores":
+        k, q = k + 4.0 * ramp, q * 0.1 + 0.7
+    elif grow == "values":  # q . k / sqrt(d) = ln(1000) for the early keys
+        v = v * torch.where(early, 1e-3, 1.0)
+        k = 0.1 * k + torch.where(early, 2.0 * 6.907755 / d**0.5, 0.0)
+        q = torch.full_like(q, 0.5)
+    else:
+        v = v * torch.where(early, 1e-5, 1.0)
+        k, q = 0.01 * k, torch.full_like(q, 0.5)
+    cache = FullCache(spec)
+    cache.append(k.to(DEVICE, torch.float16), v.to(DEVICE, torch.float16))
+    return q.to(DEVICE, torch.float16), cache.view()

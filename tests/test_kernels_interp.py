@@ -238,27 +238,10 @@ def test_decode_rescaling_across_tiles(spec, lazy, grow):
     (`lazy=False`, every tile rescaled)."""
     from kvtax.attention.triton_api import warp_decode_config
 
-    gen = torch.Generator().manual_seed(7)
-    ctx, d = 200, 64
-    ramp = torch.linspace(0.0, 1.0, ctx)[None, None, :, None]
-    k = torch.randn(1, 1, ctx, d, generator=gen)
-    v = torch.randn(1, 1, ctx, d, generator=gen)
-    q = torch.randn(1, 4, 1, d, generator=gen)
-    if grow == "scores":
-        k, q = k + 4.0 * ramp, q * 0.1 + 0.7  # later keys align with q
-    else:
-        # V jumps 1000x after slot 64 while the early keys score ~ln(1000) higher, so
-        # both parts carry similar weight in the output
-        early = (torch.arange(ctx) < 64)[None, None, :, None]
-        v = v * torch.where(early, 1e-3, 1.0)
-        k = 0.1 * k + torch.where(early, 1.725, 0.0)
-        q = torch.full_like(q, 0.5)
-    cache = ke.FullCache(spec)
-    cache.append(k.to(DEVICE, torch.float16), v.to(DEVICE, torch.float16))
-    q = q.to(DEVICE, torch.float16)
-    cfg = warp_decode_config(q, cache.view(), lazy=lazy)
-    out = triton_attention(q, cache.view(), config=cfg)
-    ref = ke.attention_blockwise(q.float(), cache.view())
+    q, view = ke.rescale_case(grow, spec, ctx=200, d=64)
+    cfg = warp_decode_config(q, view, lazy=lazy)
+    out = triton_attention(q, view, config=cfg)
+    ref = ke.attention_blockwise(q.float(), view)
     # outputs may reach ~1e2-1e3, where fp16's own rounding step is 0.06-0.5
     top = ref.abs().max().item()
     ke.assert_close(out.float(), ref, atol=max(2e-2, 2e-3 * top), rel_rms=4e-3,

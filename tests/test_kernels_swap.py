@@ -107,30 +107,11 @@ def test_swap_rescaling_across_steps(spec, lazy, grow):
     eager rescale and the lazy one (`lazy=True`: only when a score passes the reference
     max by 2^8 or a V scale the reference by 2^6) must keep fp16's range and the early
     steps' share. Head dim 128: the int8 / int4 default groups give two per row."""
-    gen = torch.Generator().manual_seed(7)
-    ctx, d = 300, 128
-    ramp = torch.linspace(0.0, 1.0, ctx)[None, None, :, None]
-    k = torch.randn(1, 1, ctx, d, generator=gen)
-    v = torch.randn(1, 1, ctx, d, generator=gen)
-    q = torch.randn(1, 4, 1, d, generator=gen)
-    if grow == "scores":
-        k, q = k + 4.0 * ramp, q * 0.1 + 0.7  # later keys align with q
-    elif grow == "values":
-        early = (torch.arange(ctx) < 64)[None, None, :, None]
-        v = v * torch.where(early, 1e-3, 1.0)
-        k = 0.1 * k + torch.where(early, 1.22, 0.0)
-        q = torch.full_like(q, 0.5)
-    else:
-        early = (torch.arange(ctx) < 64)[None, None, :, None]
-        v = v * torch.where(early, 1e-5, 1.0)
-        k, q = 0.01 * k, torch.full_like(q, 0.5)
-    cache = ke.FullCache(spec)
-    cache.append(k.to(DEVICE, torch.float16), v.to(DEVICE, torch.float16))
-    q = q.to(DEVICE, torch.float16)
-    cfg = dataclasses.replace(swap_decode_config(q, cache.view(), lazy=lazy), num_splits=2)
+    q, view = ke.rescale_case(grow, spec, ctx=300, d=128)
+    cfg = dataclasses.replace(swap_decode_config(q, view, lazy=lazy), num_splits=2)
     assert cfg.lazy == lazy
-    out = ke.triton_attention(q, cache.view(), config=cfg)
-    ref = ke.attention_blockwise(q.float(), cache.view())
+    out = ke.triton_attention(q, view, config=cfg)
+    ref = ke.attention_blockwise(q.float(), view)
     top = ref.abs().max().item()  # outputs may reach ~1e2-1e3 (fp16 steps of 0.06-0.5)
     ke.assert_close(out.float(), ref, atol=max(2e-2, 2e-3 * top), rel_rms=4e-3,
                     what=f"swap rescale-{grow}-{spec}-lazy={lazy}")
