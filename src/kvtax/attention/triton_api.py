@@ -603,7 +603,8 @@ def _triton_attention(
                                cfg)
         else:
             _launch_swap_triton(q, view, part_o, part_m, part_l, cache_args, scalars[0],
-                                qk_scale, cap_log2, strides, splits, softcap, lengths, cfg)
+                                qk_scale, cap_log2, strides, splits, softcap, lengths, cfg,
+                                k_fmt, v_fmt)
     elif cfg.kernel == "warp":
         reason = _warp_reason(view)
         if reason is not None or cfg.block_m < rows:
@@ -631,11 +632,10 @@ def _triton_attention(
 
 
 def _launch_swap_triton(q, view, part_o, part_m, part_l, cache_args, length_host, qk_scale,
-                        cap_log2, strides, splits, softcap, lengths, cfg) -> None:
+                        cap_log2, strides, splits, softcap, lengths, cfg, k_fmt,
+                        v_fmt) -> None:
     """decode_swap.py (the Triton twin: any `swap_reason` case, soft-capping too)."""
     d, b, h_kv = view.head_dim, q.shape[0], view.num_kv_heads
-    k_fmt, _ = _format_code(view.spec.key)  # type: ignore[misc]
-    v_fmt, _ = _format_code(view.spec.value)  # type: ignore[misc]
     _decode_swap_kernel[(b * h_kv, splits)](
         q, part_o, part_m, part_l, *cache_args[:7], length_host, q.shape[2], splits, h_kv,
         qk_scale, cap_log2, *q.stride(), *strides,

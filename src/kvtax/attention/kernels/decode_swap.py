@@ -18,15 +18,21 @@ stream 0 scored against Q in columns 0..3 and stream 1 against Q in columns 4..7
 diagonal Q operands, zeros in the other stream's columns; two accumulating dots). Every
 column of the score tile is real, each stream keeps its own softmax state (per column),
 and the two streams are merged at the end of the split. The accumulator is [D, 8]: a
-quarter of decode_warp's. A Gluon draft of the same design measured 0.083 ms against
-decode_warp's 0.091 at 128k int8 on the H200 (notes/KERNELS.md, session 9).
+quarter of decode_warp's.
+
+Role: this is the Triton twin of `decode_swap_gluon.py`, which serves the same algorithm
+on CUDA where it applies (int8 / int4 group 64 at head dim 128; 0.083 / 0.056 ms against
+decode_warp's 0.091 / 0.070 at 128k on the H200, notes/KERNELS.md session 9). Gluon has
+no interpreter, so CI checks the algorithm here; on a GPU this kernel serves kernel
+"swap" for the other shapes and for soft-capping, at about decode_warp's speed (Triton
+moves P and the K operands through shared memory: int8 0.088-0.093 ms at 128k).
 
 K codes enter the dots as fp16 1024 + c (0x6400 | c: one `prmt` per two codes on the GPU,
 no subtraction); the offset goes into the bias (k = s c + b = s x + (b - 1024 s) for
 x = 1024 + c): each score is one short dot, so the offset's fp32 rounding stays small.
 V codes are centered (c - 128, int4 c - 8: one more sub.f16x2 per two codes) with the
 offset in the bias sum, as in decode_warp: P @ (1024 + c) accumulated over a long
-context keeps the offset's fp32 rounding (the Gluon draft, uncentered, missed the fp16
+context keeps the offset's fp32 rounding (uncentered, the Gluon kernel missed the fp16
 bound for int4 at 70k tokens on the H200). V is read as uint16 pairs of dims, addressed
 transposed, split into even-dim and odd-dim operands; output dims are interleaved back
 at the store.
