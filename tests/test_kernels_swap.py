@@ -123,7 +123,9 @@ def test_swap_rescaling_across_steps(spec, lazy, grow):
      ("int4", 128, 2, 2, 75, 30.0, torch.bfloat16),
      ("k4v8", 64, 1, 3, 40, None, torch.float16)],
 )
-def test_swap_lazy_matches_reference(spec, d, group, n_q, ctx, softcap, dtype):
+def test_swap_eager_matches_reference(spec, d, group, n_q, ctx, softcap, dtype):
+    """`lazy=False`: every step rescales (the default is lazy)."""
     q, view = build(spec, d=d, h_kv=2, group=group, ctx=ctx, n_q=n_q, dtype=dtype)
-    cfg = swap_decode_config(q, view, lazy=True)
-    check(q, view, what=f"swap-lazy-{spec}-{d}", softcap=softcap, config=cfg)
+    cfg = swap_decode_config(q, view, lazy=False)
+    assert swap_decode_config(q, view).lazy
+    check(q, view, what=f"swap-eager-{spec}-{d}", softcap=softcap, config=cfg)

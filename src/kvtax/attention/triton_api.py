@@ -189,7 +189,8 @@ def warp_decode_config(
 
 def swap_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
-    per_sm: int | None = None, num_stages: int = 2, lazy: bool = False,
+    per_sm: int | None = None, num_stages: int = 2, lazy: bool = True, block_n: int = 32,
+    maxnreg: int | None = None,
 ) -> LaunchConfig:
     """decode_swap's launch: one warp per program, 32-slot steps, two stages, `per_sm`
     programs per SM: 12 for int4 K and V, else 8 (the Gluon kernel's best on the H200 at
@@ -201,10 +202,11 @@ def swap_decode_config(
         int4 = all(_is_int4(f) for f in (view.spec.key, view.spec.value))
         per_sm = 12 if int4 else 8
     bh = q.shape[0] * view.num_kv_heads
-    steps = triton.cdiv(max(_max_slots(view, lengths), 1), 32)
+    steps = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
     want = max(1, per_sm * _sm_count(q.device) // bh)
     splits = max(1, min(want, triton.cdiv(steps, 4), 1024))
-    return LaunchConfig("decode", 16, 32, 1, num_stages, splits, kernel="swap", lazy=lazy)
+    return LaunchConfig("decode", 16, block_n, 1, num_stages, splits, kernel="swap",
+                        lazy=lazy, maxnreg=maxnreg)
 
 
 def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
@@ -665,7 +667,7 @@ def _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, split
         G=q.shape[1] // h_kv, D=view.head_dim, STAGES=cfg.num_stages,
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
         INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, LAZY=cfg.lazy,
-        num_warps=1,
+        SUB=cfg.block_n // 2, num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
 
 

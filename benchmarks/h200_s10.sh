@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Session 10's device calls (what ran, for docs/BENCHMARKS.md and notes/KERNELS.md):
+#   steps  the swapped kernels' GPU tests (lazy rescaling now the default; 64-slot steps),
+#          then attention.py decode at 32k / 128k: int8 / int4 / cuDNN side by side and the
+#          swap sweep (eager, 64-slot steps at 8 / 10 / 12 programs per SM)
+#   runner decode.py at 32k, bf16 / int8 / int4, compiled step in a CUDA graph, with a
+#          per-kernel profile of 2 steps (where the step's time goes)
+# Usage: OUT=$OUT bash benchmarks/h200_s10.sh steps   (results: $OUT/r/)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
+what=${1:?what}; shift
+case $what in
+steps)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_kernels_swap_gpu.py \
+    tests/test_kernels_swap.py > "$R/swap-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$R/swap-tests.log" | head; tail -1 "$R/swap-tests.log"
+  timeout 200 python3 benchmarks/attention.py --phases decode --contexts 32768 131072 \
+    --sweep --sweep-formats int8 int4 --reps 20 \
+    --sweep-variants swap swap-eager swap-sm12 swap-n64 swap-n64-sm10 swap-n64-sm12 \
+    --arms kvtax-int8 kvtax-int4 sdpa-cudnn --out "$R/attn" > "$R/attn.log" 2>&1
+  grep -v "^\(decode\|prefill\) " "$R/attn.log" | tail -40
+  cp "$R"/attn/*/rows.jsonl "$R/attn-rows.jsonl" 2>/dev/null ;;
+runner)
+  timeout "${RUNNER_S:-400}" python3 benchmarks/decode.py --contexts 32k --kv "${KV:-bf16,int8,int4}" \
+    --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" "$@" \
+    > "$R/decode.log" 2>&1
+  tail -60 "$R/decode.log" ;;
+esac
+ls -la "$R"
