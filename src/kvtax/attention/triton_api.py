@@ -192,12 +192,14 @@ def swap_decode_config(
     per_sm: int | None = None, num_stages: int = 2, lazy: bool = True, block_n: int = 32,
     maxnreg: int | None = None,
 ) -> LaunchConfig:
-    """decode_swap's launch: one warp per program, 32-slot steps, two stages, `per_sm`
-    programs per SM: 12 for int4 K and V, else 8 (the Gluon kernel's best on the H200 at
-    128k: int4 0.056 ms at 12 vs 0.063 at 8; int8 0.083 at 8 vs 0.084 at 12,
-    notes/KERNELS.md session 9); splits of >= 4 steps. `lazy`: rescale only when a score
-    or V scale outgrows the running reference (one warp-wide max per step instead of the
-    column max, the V-scale max and the accumulator rescale; not yet timed)."""
+    """decode_swap's launch: one warp per program, `block_n`-slot steps, two stages,
+    `per_sm` programs per SM: 12 for int4 K and V, else 8 (the Gluon kernel's best on the
+    H200 at 128k: int4 0.056 ms at 12 vs 0.063 at 8; int8 0.083 at 8 vs 0.084 at 12,
+    notes/KERNELS.md session 9); splits of >= 4 steps. `lazy` (default): rescale only when
+    a score or V scale outgrows the running reference (one warp-wide max per step instead
+    of the column max, the V-scale max and the accumulator rescale; H200 at 128k, session
+    10: int8 0.082 vs 0.083 ms, int4 0.055 vs 0.057). `block_n` 64 (Gluon only; the
+    Triton twin keeps 32-slot steps) and `maxnreg` are sweep knobs."""
     if per_sm is None:
         int4 = all(_is_int4(f) for f in (view.spec.key, view.spec.value))
         per_sm = 12 if int4 else 8
