@@ -2,7 +2,7 @@
 # $OUT set (the device tool's output folder). Sets PYTHONPATH to this checkout's src/,
 # R=$OUT/r (created), writes $R/gpu.txt (GPU, driver, clocks, power; torch, its CUDA,
 # triton) and XDIST (pytest-xdist's "-n 12" where the machine has it, else empty).
-: "${OUT:?set OUT to the device call's output folder}"
+: "${OUT:?set OUT to the output folder of the device call}"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 R=$OUT/r; mkdir -p "$R"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv > "$R/gpu.txt"
