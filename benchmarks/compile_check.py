@@ -175,6 +175,7 @@ def gemv_cases():
     gm._interpreting = lambda: True  # let the wrapper take CPU tensors
     k = 4096
     for name, n, fusion in (("qkv", 6144, "norm"), ("qkv", 6144, "norm+bias"),
+                            ("qkv", 6144, "norm+rope"), ("qkv", 6144, "norm+bias+rope"),
                             ("o", 4096, "residual"), ("gate_up", 14336, "silu"),
                             ("gate_up", 10240, "gelu+offset"),
                             ("lm_head", 128256, "norm")):
@@ -188,6 +189,10 @@ def gemv_cases():
                 kw["bias"] = torch.randn(n, dtype=torch.bfloat16)
             if "gelu" in fusion:  # Gemma's MLP
                 kw.update(gelu=True, norm_offset=True)
+            if "rope" in fusion:  # q and k rotated in the epilogue (32 + 8 heads of 128)
+                x = x.view(1, 1, k)
+                cs = torch.randn(1, 128, dtype=torch.bfloat16)
+                kw["rope"] = (cs, cs.clone(), 40 * 128)
             tag = cfg.tag if cfg else "default"
             yield (f"gemv {name} {fusion} {tag}",
                    lambda x=x, w=w, kw=kw, cfg=cfg, s=gated: gm.gemv(

@@ -5,6 +5,8 @@
 #          swap sweep (eager, 64-slot steps at 8 / 10 / 12 programs per SM)
 #   runner decode.py at 32k, bf16 / int8 / int4, compiled step in a CUDA graph, with a
 #          per-kernel profile of 2 steps (where the step's time goes)
+#   rope   the GEMV / decoder / runner GPU tests, then `runner` at 32k and 128k (the qkv
+#          GEMV's RoPE epilogue)
 # Usage: OUT=$OUT bash benchmarks/h200_s10.sh steps   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,5 +28,14 @@ runner)
     --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" "$@" \
     > "$R/decode.log" 2>&1
   tail -60 "$R/decode.log" ;;
+rope)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_gemv.py \
+    tests/test_gemv_decoder.py tests/test_runner.py tests/test_runner_compile.py \
+    > "$R/rope-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$R/rope-tests.log" | head; tail -1 "$R/rope-tests.log"
+  timeout 330 python3 benchmarks/decode.py --contexts 32k,128k --kv bf16,int8,int4 \
+    --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" \
+    > "$R/decode.log" 2>&1
+  grep -v Warning "$R/decode.log" | tail -16 ;;
 esac
 ls -la "$R"

@@ -23,6 +23,7 @@ from tests.kernels_env import interpret_mode  # noqa: F401 (autouse fixture)
 from kvtax.errors import OptionError, ShapeError  # noqa: E402
 from kvtax.models import gemv as gm  # noqa: E402
 from kvtax.models.gemv import GemvConfig, default_config, gemv, gemv_reference  # noqa: E402
+from kvtax.models.rope import inv_frequencies, rope_cos_sin  # noqa: E402
 from tests.helpers import assert_close  # noqa: E402
 
 DEVICE = ke.DEVICE
@@ -183,6 +184,50 @@ def test_default_config_fills_the_gpu():
     assert default_config(6144, 4096).block_n == 8
     c = default_config(576, 576)  # 72 row blocks of 8: split to reach 132 SMs
     assert c.split_k == 2 and -(-576 // c.block_n) * c.split_k >= 132
+
+
+def _rope(t, d, dtype, seed):
+    """rope.py's (cos, signed sin) tables `[t, d]` at scattered positions."""
+    pos = torch.tensor([5, 1000, 3, 77][:t], device=DEVICE) + seed
+    inv = inv_frequencies(d, 10000.0).to(DEVICE)
+    return rope_cos_sin(pos, inv, dtype)
+
+
+@pytest.mark.parametrize("b,t", [(1, 1), (3, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("d,block_n", [(16, 8), (8, 16), (32, 2)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_epilogue(b, t, d, block_n, dtype):
+    """The qkv projection with q and k rotated in the epilogue: 3 q heads, 2 k heads and
+    2 v heads of head_dim d (v unrotated); norm and bias fused too; rows b * t with
+    position t of each; block_n above d is cut to d, every program owns both halves."""
+    n, rot = 7 * d, 5 * d
+    x, w, g, _ = _inputs(b * t, n, 100, dtype, seed=b + 10 * t, norm=True, lead=(b, t))
+    bias = (torch.randn(n, generator=torch.Generator().manual_seed(d)) * 0.5).to(DEVICE, dtype)
+    cos, sin = _rope(t, d, dtype, seed=d)
+    got = _check(x, w, norm_weight=g, bias=bias, rope=(cos, sin, rot), dtype=dtype,
+                 config=GemvConfig(block_n=block_n, block_k=32, split_k=2),
+                 what=f"rope-B{b}-T{t}-D{d}")
+    plain = gemv(x, w, norm_weight=g, bias=bias, config=GemvConfig(8, 32))
+    torch.testing.assert_close(got[..., rot:], plain[..., rot:], rtol=0, atol=0)  # v as is
+    assert not torch.allclose(got[..., :rot].float(), plain[..., :rot].float(), atol=1e-2)
+
+
+def test_rope_bad_input():
+    x, w, g, r = _inputs(2, 48, 100, torch.float32, norm=True, residual=True, lead=(1, 2))
+    cos, sin = _rope(2, 16, torch.float32, seed=0)
+    bad = {
+        "with silu": dict(silu_mul=True, rope=(cos, sin, 16)),
+        "with residual": dict(residual=r, rope=(cos, sin, 16)),
+        "rows not heads": dict(rope=(cos, sin, 20)),
+        "rows past n": dict(rope=(cos, sin, 64)),
+        "positions": dict(rope=(cos[:1], sin[:1], 16)),
+        "d not pow2": dict(rope=(cos[:, :12], sin[:, :12], 24)),
+        "tables differ": dict(rope=(cos, sin[:, :8], 16)),
+    }
+    for what, kw in bad.items():
+        with pytest.raises(ShapeError, match="gemv cannot run"):
+            gemv(x, w, **kw)
+        print(what, "raised")
 
 
 def test_bad_input_raises(monkeypatch):

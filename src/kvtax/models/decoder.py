@@ -89,20 +89,25 @@ class Attention(nn.Module):
         cache: BaseCache,
         write_pos: torch.Tensor | None,
         length_t: torch.Tensor | None,
+        rotated: bool = False,
     ) -> torch.Tensor:
-        """Projected qkv `[B, T, (Hq + 2 Hkv) D]` → attention output `[B, T, Hq D]` (before wo)."""
+        """Projected qkv `[B, T, (Hq + 2 Hkv) D]` → attention output `[B, T, Hq D]` (before wo).
+        `rotated`: q and k arrive rotated (the fused qkv GEMV's RoPE epilogue)."""
         b, t, _ = qkv.shape
         cfg = self.cfg
         hd, hq, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         if cfg.qk_norm:
+            assert not rotated, "q/k norms come before the rotation"
             q, k, v = qkv.split(self.sizes, dim=-1)
             q, k = self.q_norm(q.view(b, t, hq, hd)), self.k_norm(k.view(b, t, hkv, hd))
             qk = torch.cat([q, k], dim=2)
         else:
             qk, v = qkv.split([self.sizes[0] + self.sizes[1], self.sizes[2]], dim=-1)
             qk = qk.view(b, t, hq + hkv, hd)
-        # Rotate q and k in one pass (fewer launches per decode step).
-        q, k = apply_rope(qk, cos[:, None], sin[:, None]).split([hq, hkv], dim=2)
+        if rotated:
+            q, k = qk.split([hq, hkv], dim=2)
+        else:  # q and k in one pass (fewer launches per decode step)
+            q, k = apply_rope(qk, cos[:, None], sin[:, None]).split([hq, hkv], dim=2)
         v = v.view(b, t, hkv, hd)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, T, D]
         if write_pos is None:
@@ -161,13 +166,19 @@ class Block(nn.Module):
 
     def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t):  # noqa: ANN001, ANN202
         """The decode step as four fused GEMVs (see `gemv_blocker` for the layers it takes).
-        Sandwich norms (Gemma) normalize a projection's whole output before the residual
-        add, so there the add stays in torch after the norm."""
+        The qkv GEMV also rotates q and k (its RoPE epilogue: three elementwise launches
+        fewer per layer) unless q/k norms (Qwen3, Gemma 3) must come first. Sandwich norms
+        (Gemma) normalize a projection's whole output before the residual add, so there the
+        add stays in torch after the norm."""
         attn, mlp = self.attn, self.mlp
         an, fn = self.attn_norm, self.ffn_norm
-        qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=an.weight, eps=an.eps,
-                      norm_offset=an.offset, bias=attn.wqkv.bias)
-        a = attn.attend(qkv, cos, sin, cache, write_pos, length_t)
+        w = attn.wqkv.weight
+        rope = None if attn.cfg.qk_norm else (cos, sin, attn.sizes[0] + attn.sizes[1])
+        if rope is not None and gm.unsupported_reason(x, w, bias=attn.wqkv.bias, rope=rope):
+            rope = None
+        qkv = gm.gemv(x, w, norm_weight=an.weight, eps=an.eps, norm_offset=an.offset,
+                      bias=attn.wqkv.bias, rope=rope)
+        a = attn.attend(qkv, cos, sin, cache, write_pos, length_t, rotated=rope is not None)
         if self.sandwich:
             x = x + self.post_attn_norm(gm.gemv(a, attn.wo.weight))
         else:

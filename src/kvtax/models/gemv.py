@@ -5,6 +5,7 @@
     >>> y = gemv(x, wqkv, norm_weight=attn_norm.weight)       # F.linear(rms_norm(x), wqkv)
     >>> y = gemv(x, w13, norm_weight=g, silu_mul=True)        # silu(gate) * up, [M, N / 2]
     >>> y = gemv(a, wo, residual=h)                           # h + F.linear(a, wo)
+    >>> qkv = gemv(x, wqkv, norm_weight=g, rope=(cos, sin, n_qk))  # q, k rotated (rope.py)
 
 The kernels (`kernels/gemv.py`) read W once as a streaming read and accumulate in fp32;
 the math is `gemv_reference`'s. On CPU the kernel runs only when Triton's interpreter
@@ -24,11 +25,13 @@ import triton
 
 from kvtax.errors import OptionError, ShapeError
 from kvtax.models.kernels.gemv import _gemv_kernel, _gemv_reduce_kernel
+from kvtax.models.rope import apply_rope
 
 MAX_ROWS = 4  # decode batch; the kernel keeps one fp32 tile per input row in registers
 MAX_SPLIT_K = 16
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 H200_SMS = 132  # the default's target when no CUDA device is visible (interpreter, meta)
+ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
 
 
@@ -118,6 +121,7 @@ def unsupported_reason(
     residual: torch.Tensor | None = None,
     silu_mul: bool = False,
     out: torch.Tensor | None = None,
+    rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> str | None:
     """None when `gemv` can serve this call, else why not. Arguments as for `gemv`."""
     if not (x.is_cuda or _interpreting()):
@@ -163,8 +167,32 @@ def unsupported_reason(
         if not out.is_contiguous():
             return "out must be contiguous"
         tensors.append(out)
+    if rope is not None:
+        reason = _rope_reason(x, rope, n, rows, silu_mul, residual is not None)
+        if reason is not None:
+            return reason
+        tensors += list(rope[:2])
     if any(t.device != x.device for t in tensors):
         return "all tensors must be on x's device"
+    return None
+
+
+def _rope_reason(x: torch.Tensor, rope: tuple, n: int, rows: int, silu_mul: bool,
+                 residual: bool) -> str | None:
+    """Why `rope` = (cos, sin, rotated rows) does not fit this call, or None."""
+    cos, sin, rot = rope
+    if silu_mul or residual:
+        return "rope is an epilogue of plain projections (not with silu_mul / residual)"
+    if cos.dim() != 2 or cos.shape != sin.shape or cos.stride(-1) != 1 or sin.stride() != \
+            cos.stride():
+        return f"rope tables must be two [T, D] row-contiguous tensors ({tuple(cos.shape)})"
+    t, d = cos.shape
+    if d < 2 or d & (d - 1) or n % d:
+        return f"rope head_dim {d} must be a power of two dividing the output width {n}"
+    if rows % t or x.dim() < 2 or x.shape[-2] != t:
+        return f"rope tables hold {t} positions; x {tuple(x.shape)} must be [..., {t}, K]"
+    if not 0 <= rot <= n or rot % d:
+        return f"rope rows {rot} must be a multiple of head_dim {d} within the {n} outputs"
     return None
 
 
@@ -180,12 +208,14 @@ def gemv_reference(
     silu_mul: bool = False,
     gelu: bool = False,
     out_dtype: torch.dtype | None = None,
+    rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """What `gemv` computes, in float32 torch; the result cast to `out_dtype` (x's dtype).
 
     xn = x · rsqrt(mean(x²) + eps) · g (g = norm_weight, or 1 + g with norm_offset; no
     norm without it); y = xn @ w.T (+ bias); with silu_mul y = act(y[..., :N/2]) · y[..., N/2:]
-    (act: SiLU, or GELU-tanh with gelu);
+    (act: SiLU, or GELU-tanh with gelu); with rope = (cos, sin, rows) the first `rows`
+    outputs rotated per head (kvtax.models.rope.apply_rope on fp32 tables);
     y += residual. Any leading shape of x; no rounding between the steps.
     """
     h = x.float()
@@ -193,6 +223,12 @@ def gemv_reference(
         g = norm_weight.float() + (1.0 if norm_offset else 0.0)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * g
     y = F.linear(h, w.float(), None if bias is None else bias.float())
+    if rope is not None:
+        cos, sin, rot = rope
+        d = cos.shape[-1]
+        heads = y[..., :rot].unflatten(-1, (rot // d, d))  # [..., T, H, D]
+        turned = apply_rope(heads, cos.float()[:, None], sin.float()[:, None])
+        y = torch.cat([turned.flatten(-2), y[..., rot:]], dim=-1)
     if silu_mul:
         gate, up = y.chunk(2, dim=-1)
         y = (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
@@ -214,6 +250,7 @@ def gemv(
     gelu: bool = False,
     config: GemvConfig | None = None,
     out: torch.Tensor | None = None,
+    rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """y = [residual +] act(rmsnorm(x) @ w.T [+ bias]) for decode-sized x, in one or two
     launches.
@@ -225,7 +262,11 @@ def gemv(
     silu_mul: w's rows are gate `[0, N/2)` then up `[N/2, N)`; the output is
     silu(gate) · up, `[..., N/2]` (gelu: GELU-tanh(gate) · up, Gemma's MLP). residual:
     the output's shape and dtype, added last (it may alias `out`). Returns `[..., N]` (or
-    `[..., N/2]`) in x's dtype, written into `out` if given. fp32 accumulation; see
+    `[..., N/2]`) in x's dtype, written into `out` if given. rope: (cos, sin, rows) with
+    kvtax.models.rope's tables `[T, D]` (x is `[..., T, K]`; input row m is position
+    m % T): the first `rows` outputs (q and k heads of a qkv projection, a multiple of D)
+    leave rotated, each head's pairs (d, d + D/2) in fp32 before the one rounding; not
+    with silu_mul or residual; always unsplit. fp32 accumulation; see
     `gemv_reference` for the exact math. config: a GemvConfig (default:
     `default_config`). Raises ShapeError for tensors the kernel cannot take
     (`unsupported_reason`).
@@ -238,25 +279,27 @@ def gemv(
     if gelu and not silu_mul:
         raise OptionError("gelu picks the gated MLP's activation: it needs silu_mul=True")
     reason = unsupported_reason(x, w, norm_weight=norm_weight, bias=bias, residual=residual,
-                                silu_mul=silu_mul, out=out)
+                                silu_mul=silu_mul, out=out, rope=rope)
     if reason is not None:
         raise ShapeError(f"gemv cannot run: {reason}")
     cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
                                        config.num_warps, config.num_stages)
     if torch.compiler.is_compiling():
+        cos, sin, rot = rope if rope is not None else (None, None, 0)
         y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul,
-                     gelu, cfg)
+                     gelu, cfg, cos, sin, rot)
         if out is None:
             return y
         return out.copy_(y.view(out.shape))
     return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config,
-                 out)
+                 out, rope)
 
 
 def _gemv(
     x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
     norm_offset: bool, bias: torch.Tensor | None, residual: torch.Tensor | None, silu_mul: bool,
     gelu: bool, config: GemvConfig | None, out: torch.Tensor | None,
+    rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """The launch (inputs already checked)."""
     shape = _out_shape(x, w, silu_mul)
@@ -275,6 +318,10 @@ def _gemv(
             r2 = r2.contiguous()
     cfg = config or default_config(n, k, rows=rows, silu_mul=silu_mul,
                                    elem_bytes=w.element_size(), num_sms=_num_sms(x.device))
+    if rope is not None:  # the rotation needs whole sums, and both halves of a head's rows
+        d = rope[0].shape[-1]
+        bn = max(2, min(cfg.block_n, d))
+        cfg = dataclasses.replace(cfg, split_k=1, block_n=bn)
     # K_PER: each split's K range, whole BLOCK_K steps; splits that would be empty are dropped
     k_per = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     splits = triton.cdiv(k, k_per)
@@ -283,15 +330,26 @@ def _gemv(
     g = norm_weight.contiguous() if norm_weight is not None else x2
     b = bias.contiguous() if bias is not None else x2  # placeholders are never read
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if rope is not None and config is None and rows == 1 and x.is_cuda:
+        # Triton 3.6 compiles the RoPE epilogue to 93 registers (sm_90; 3.9: 80, as without
+        # it): 5 programs of 4 warps per SM instead of 6, and Llama-3.1-8B's 768 qkv
+        # programs would run in two waves on 132 SMs. Capped at 80: 8 bytes spill (3.6).
+        opts["maxnreg"] = ROPE_MAXNREG
     if split:
         alloc = _nan_filled if POISON_WORKSPACE else torch.empty
         ws = alloc((splits, rows, n_rows), dtype=torch.float32, device=x.device)
         ss = alloc((splits, rows), dtype=torch.float32, device=x.device)
     else:
         ws = ss = y2  # placeholders, never touched
+    if rope is not None:
+        cos, sin, rot = rope
+        rope_args = (cos, sin, cos.stride(0), cos.shape[0], rot)
+    else:
+        rope_args = (x2, x2, 0, 1, 0)  # placeholders, never read
     _gemv_kernel[(triton.cdiv(n_rows, cfg.block_n), splits)](
         x2, w, g, b, r2, y2, ws, ss,
         n_rows, k, k_per, x2.stride(0), w.stride(0), r2.stride(0), y2.stride(0), float(eps),
+        *rope_args, ROPE=rope is not None, HEAD_DIM=rope[0].shape[-1] if rope else 0,
         ROWS=rows, NORM=norm_weight is not None, OFFSET=norm_offset,
         BIAS=bias is not None and not split, RESIDUAL=residual is not None and not split,
         SILU_MUL=silu_mul and not split, GELU=gelu, SPLIT=split,
@@ -320,16 +378,21 @@ def _nan_filled(shape: tuple[int, ...], **kw) -> torch.Tensor:  # noqa: ANN003
 _LIB = torch.library.Library("kvtax", "FRAGMENT")
 _LIB.define(
     "gemv(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool norm_offset, "
-    "Tensor? bias, Tensor? residual, bool silu_mul, bool gelu, int[]? config) -> Tensor"
+    "Tensor? bias, Tensor? residual, bool silu_mul, bool gelu, int[]? config, "
+    "Tensor? rope_cos, Tensor? rope_sin, int rope_rows) -> Tensor"
 )
 
 
-def _gemv_body(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config):  # noqa: ANN001, ANN202
+def _gemv_body(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config,  # noqa: ANN001, ANN202
+               rope_cos, rope_sin, rope_rows):
     cfg = GemvConfig(*config) if config is not None else None
-    return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, cfg, None)
+    rope = (rope_cos, rope_sin, rope_rows) if rope_cos is not None else None
+    return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, cfg, None,
+                 rope)
 
 
-def _gemv_fake(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config):  # noqa: ANN001, ANN202
+def _gemv_fake(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config,  # noqa: ANN001, ANN202
+               rope_cos, rope_sin, rope_rows):
     return x.new_empty(_out_shape(x, w, silu_mul))
 
 

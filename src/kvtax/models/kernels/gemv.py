@@ -6,6 +6,11 @@ owns BLOCK_N rows of W and one K slice (split-K); it accumulates `w · x` into a
 `[BLOCK_N, BLOCK_K]` fp32 tile per input row and reduces over K once, after the loop,
 so the loop body is wide 16-byte loads and FMAs only.
 
+ROPE (the qkv projection of a decode step): the rows of each head come in rotary pairs
+(d, d + D/2); a program owns BLOCK_N/2 rows of each half of one head, so the epilogue
+rotates q and k in registers (out[d] = y[d]·cos[d] + y[d ± D/2]·sin[d], signed sin as
+kvtax.models.rope builds it) for the rows below `rope_rows` (q and k; v passes through).
+
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
 so no program reads x twice. BIAS, RESIDUAL and SILU_MUL (GELU: a GELU-tanh gate) are
@@ -36,9 +41,9 @@ def _load_x(p_x, o_k, m_k, b_g, ss, NORM: tl.constexpr, EVEN_K: tl.constexpr):
 @triton.jit
 def _finish_row(
     acc, acc_u, ss, row, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS,
-    N, K, stride_rm, stride_ym, eps,
+    N, K, stride_rm, stride_ym, eps, rope,
     ROWS: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-    SILU_MUL: tl.constexpr, GELU: tl.constexpr, SPLIT: tl.constexpr,
+    SILU_MUL: tl.constexpr, GELU: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr,
 ):
     """Reduce one row's tiles over K, then store a partial (SPLIT) or the finished output."""
     y = tl.sum(acc, 1)  # [BLOCK_N]
@@ -50,23 +55,34 @@ def _finish_row(
     else:
         u = tl.sum(acc_u, 1) if SILU_MUL else y
         _epilogue(y, u, tl.sum(ss, 0), row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
-                  NORM, BIAS, RESIDUAL, SILU_MUL, GELU)
+                  NORM, BIAS, RESIDUAL, SILU_MUL, GELU, rope, ROPE)
 
 
 @triton.jit
 def _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
               NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-              SILU_MUL: tl.constexpr, GELU: tl.constexpr):
+              SILU_MUL: tl.constexpr, GELU: tl.constexpr, rope=None, ROPE: tl.constexpr = False):
     """Finish one row's `[BLOCK_N]` sums and store them: y (and u, the up rows' sums, under
     SILU_MUL) times rsqrt(ss / K + eps) (NORM; ss the row's sum of x²), plus the bias
-    (BIAS, not with SILU_MUL), act(y) · u with act SiLU or (GELU) GELU-tanh, plus the
-    residual row."""
+    (BIAS, not with SILU_MUL), rotated (ROPE: y's halves hold the two rotary halves of
+    one head; `rope` = (cos, signed sin tables [n_pos, D], their row stride, n_pos, the
+    rotated row count); input row `row` is position row % n_pos), act(y) · u with act
+    SiLU or (GELU) GELU-tanh, plus the residual row."""
     if NORM:
         rstd = tl.rsqrt(ss / K + eps)
         y = y * rstd
         u = u * rstd
     if BIAS:
         y += tl.load(B + o_n, mask=m_n, other=0.0).to(tl.float32)
+    if ROPE:
+        cs_t, sn_t, stride_cs, n_pos, rope_rows, head_dim = rope
+        d = o_n % head_dim
+        t = row % n_pos
+        cs = tl.load(cs_t + t * stride_cs + d).to(tl.float32)
+        sn = tl.load(sn_t + t * stride_cs + d).to(tl.float32)
+        half: tl.constexpr = y.shape[0] // 2
+        partner = tl.reshape(tl.flip(tl.reshape(y, (2, half)), 0), (y.shape[0],))  # d ± D/2
+        y = tl.where(o_n < rope_rows, y * cs + partner * sn, y)
     if SILU_MUL:
         if GELU:  # 0.5 y (1 + tanh(z)) = y sigmoid(2 z), z = sqrt(2 / pi) (y + 0.044715 y^3)
             y = y * tl.sigmoid(1.5957691216057308 * (y + 0.044715 * y * y * y)) * u
@@ -81,10 +97,12 @@ def _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
 def _gemv_kernel(
     X, W, G, B, R, Y, WS, SS,
     N, K, K_PER, stride_xm, stride_wn, stride_rm, stride_ym, eps,
+    CS, SN, stride_cs, n_pos, rope_rows,
     ROWS: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr, GELU: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -92,11 +110,20 @@ def _gemv_kernel(
 
     N counts output columns (SILU_MUL: gate rows [0, N), up rows [N, 2N) of W). Each split
     covers K_PER columns of K (a multiple of BLOCK_K). Rows of W past N are clamped to
-    row N - 1 (read, never stored) so the W loads need no row mask.
+    row N - 1 (read, never stored) so the W loads need no row mask. ROPE (unsplit, N a
+    multiple of HEAD_DIM, BLOCK_N even and dividing HEAD_DIM): see the module docstring;
+    CS / SN `[n_pos, HEAD_DIM]`, rows below rope_rows rotated.
     """
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
-    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    if ROPE:  # BLOCK_N / 2 rows of each rotary half of one head
+        HB: tl.constexpr = BLOCK_N // 2
+        PER_HEAD: tl.constexpr = HEAD_DIM // BLOCK_N  # programs per head
+        j = tl.arange(0, BLOCK_N)
+        o_n = ((pid_n // PER_HEAD) * HEAD_DIM + (pid_n % PER_HEAD) * HB + j % HB
+               + (j // HB) * (HEAD_DIM // 2))
+    else:
+        o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
     m_n = o_n < N
     o_w = tl.minimum(o_n, N - 1).to(tl.int64)
     p_w = W + o_w[:, None] * stride_wn  # [BLOCK_N, 1]
@@ -154,17 +181,18 @@ def _gemv_kernel(
             acc3 += b_w * b_x[None, :]
             if SILU_MUL:
                 up3 += b_u * b_x[None, :]
+    rope = (CS, SN, stride_cs, n_pos, rope_rows, HEAD_DIM)
     _finish_row(acc0, up0, ss0, 0, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT)
+                stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
     if ROWS > 1:
         _finish_row(acc1, up1, ss1, 1, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT)
+                    stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
     if ROWS > 2:
         _finish_row(acc2, up2, ss2, 2, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT)
+                    stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
     if ROWS > 3:
         _finish_row(acc3, up3, ss3, 3, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT)
+                    stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
 
 
 @triton.jit
