@@ -160,13 +160,9 @@ def build_arm(name, q, caches, kv, lengths, expect, args):
 
 # decode_swap.py (slots as the MMA's M; int8 / int4, G * L <= 4): swap_decode_config's
 # keyword arguments
-# (`n64`: 64-slot steps, two 32-slot streams; Gluon only, the Triton twin keeps 32)
 SWEEP_SWAP = {"swap": {}, "swap-s3": dict(num_stages=3), "swap-sm6": dict(per_sm=6),
               "swap-sm8": dict(per_sm=8), "swap-sm12": dict(per_sm=12),
-              "swap-eager": dict(lazy=False), "swap-eager-sm12": dict(lazy=False, per_sm=12),
-              "swap-n64": dict(block_n=64, per_sm=8),
-              "swap-n64-sm10": dict(block_n=64, per_sm=10, maxnreg=200),
-              "swap-n64-sm12": dict(block_n=64, per_sm=12, maxnreg=168)}
+              "swap-eager": dict(lazy=False), "swap-eager-sm12": dict(lazy=False, per_sm=12)}
 
 
 def sweep_config(tag, q, view, lengths) -> LaunchConfig:

@@ -80,16 +80,6 @@ def test_gluon_swap_eager(spec, ctx, dtype):
 
 
 @pytest.mark.parametrize("spec", ["int8", "int4"])
-@pytest.mark.parametrize("ctx", [37, 4096 + 13, 70000])
-@pytest.mark.parametrize("lazy", [True, False])
-def test_gluon_swap_64_slot_steps(spec, ctx, lazy):
-    """`block_n=64`: two 32-slot streams per step (the Gluon kernel's SUB = 32)."""
-    q, view = _build(spec, ctx, 4, 2, 1, torch.float16)
-    cfg = ta.swap_decode_config(q, view, lazy=lazy, block_n=64)
-    _check(q, view, f"n64 {spec} ctx={ctx} lazy={lazy}", config=cfg)
-
-
-@pytest.mark.parametrize("spec", ["int8", "int4"])
 @pytest.mark.parametrize("ctx", [2, 37, 4096 + 13])
 def test_gluon_swap_causal_two_rows(spec, ctx):
     """L = 2 (G * L = 4): the newest key is hidden from the first query row."""
@@ -134,18 +124,3 @@ def test_softcap_and_left_padding_leave_the_gluon_kernel():
     ref = ke.attention_blockwise(q.float(), view, kv_start=kv_start)
     ke.assert_close(out.float(), ref, atol=2e-2, rel_rms=4e-3, what="kv_start")
 
-
-@pytest.mark.parametrize("grow", ["scores", "values", "values-flat"])
-@pytest.mark.parametrize("spec", ["int8", "int4"])
-@pytest.mark.parametrize("lazy", [True, False])
-def test_gluon_swap_64_slot_rescaling(grow, spec, lazy):
-    """tests/test_kernels_swap.py's rescaling scenarios with 64-slot steps."""
-    q, view = ke.rescale_case(grow, spec, ctx=300, d=128)
-    assert q.is_cuda
-    cfg = dataclasses.replace(ta.swap_decode_config(q, view, lazy=lazy, block_n=64),
-                              num_splits=2)
-    out = ta.triton_attention(q, view, config=cfg)
-    ref = ke.attention_blockwise(q.float(), view)
-    top = ref.abs().max().item()
-    ke.assert_close(out.float(), ref, atol=max(2e-2, 2e-3 * top), rel_rms=4e-3,
-                    what=f"n64 rescale-{grow}-{spec}-lazy={lazy}")

@@ -189,26 +189,26 @@ def warp_decode_config(
 
 def swap_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
-    per_sm: int | None = None, num_stages: int = 2, lazy: bool = True, block_n: int = 32,
+    per_sm: int | None = None, num_stages: int = 2, lazy: bool = True,
     maxnreg: int | None = None,
 ) -> LaunchConfig:
-    """decode_swap's launch: one warp per program, `block_n`-slot steps, two stages,
+    """decode_swap's launch: one warp per program, 32-slot steps, two stages,
     `per_sm` programs per SM: 12 for int4 K and V, else 8 (the Gluon kernel's best on the
     H200 at 128k: int4 0.056 ms at 12 vs 0.063 at 8; int8 0.083 at 8 vs 0.084 at 12,
     notes/KERNELS.md session 9); splits of >= 4 steps. `lazy` (default): rescale only when
     a score or V scale outgrows the running reference (one warp-wide max per step instead
     of the column max, the V-scale max and the accumulator rescale; H200 at 128k, session
-    10: int8 0.082 vs 0.083 ms, int4 0.055 vs 0.057). `block_n` 64 (Gluon only; the
-    Triton twin keeps 32-slot steps) and `maxnreg` are sweep knobs."""
+    10: int8 0.082 vs 0.083 ms, int4 0.055 vs 0.057). `maxnreg`: the Gluon kernel's
+    register cap (a sweep knob; 64-slot steps measured no faster, notes/KERNELS.md)."""
     if per_sm is None:
         int4 = all(_is_int4(f) for f in (view.spec.key, view.spec.value))
         per_sm = 12 if int4 else 8
     bh = q.shape[0] * view.num_kv_heads
-    steps = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
+    steps = triton.cdiv(max(_max_slots(view, lengths), 1), 32)
     want = max(1, per_sm * _sm_count(q.device) // bh)
     splits = max(1, min(want, triton.cdiv(steps, 4), 1024))
-    return LaunchConfig("decode", 16, block_n, 1, num_stages, splits, kernel="swap",
-                        lazy=lazy, maxnreg=maxnreg)
+    return LaunchConfig("decode", 16, 32, 1, num_stages, splits, kernel="swap", lazy=lazy,
+                        maxnreg=maxnreg)
 
 
 def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
@@ -669,7 +669,7 @@ def _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, split
         G=q.shape[1] // h_kv, D=view.head_dim, STAGES=cfg.num_stages,
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
         INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, LAZY=cfg.lazy,
-        SUB=cfg.block_n // 2, num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+        num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
     )
 
 

@@ -117,13 +117,13 @@ def _decode_swap_gluon_kernel(
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
     INT4: gl.constexpr, HAS_LENS: gl.constexpr, LAZY: gl.constexpr = False,
-    SUB: gl.constexpr = 16,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
     ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT).
     Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4)."""
-    BN: gl.constexpr = 2 * SUB  # slots per step: two streams of SUB
+    SUB: gl.constexpr = 16
+    BN: gl.constexpr = 32
     NC: gl.constexpr = 8
     DH: gl.constexpr = D // 2
     PH: gl.constexpr = D // 4
