@@ -7,6 +7,9 @@
 #          per-kernel profile of 2 steps (where the step's time goes)
 #   rope   the GEMV / decoder / runner GPU tests, then `runner` at 32k and 128k (the qkv
 #          GEMV's RoPE epilogue)
+#   final  the attention kernels' GPU tests (full grid + swapped kernels), then issue 3's
+#          benchmark: every arm, decode and a 2048-row prefill chunk, 4k / 16k / 64k / 128k
+#   whole  `rope`'s decode.py run again (roofline over the best read rate of the run)
 # Usage: OUT=$OUT bash benchmarks/h200_s10.sh steps   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +37,21 @@ rope)
     > "$R/rope-tests.log" 2>&1
   grep -E "^(FAILED|ERROR)" "$R/rope-tests.log" | head; tail -1 "$R/rope-tests.log"
   timeout 330 python3 benchmarks/decode.py --contexts 32k,128k --kv bf16,int8,int4 \
+    --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" \
+    > "$R/decode.log" 2>&1
+  grep -v Warning "$R/decode.log" | tail -16 ;;
+final)
+  timeout 170 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_kernels_gpu.py \
+    tests/test_kernels_swap_gpu.py tests/test_kernels_swap.py > "$R/kernel-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$R/kernel-tests.log" | head; tail -1 "$R/kernel-tests.log"
+  timeout 380 python3 benchmarks/attention.py --contexts 4096 16384 65536 131072 --reps 20 \
+    --out "$R/attn" > "$R/attn.log" 2>&1
+  echo "attention.py exit $?"
+  grep -v "^\(decode\|prefill\) " "$R/attn.log" | tail -60
+  cp "$R"/attn/*/rows.jsonl "$R/attn-rows.jsonl" 2>/dev/null
+  cp "$R"/attn/*/summary.md "$R/attn-summary.md" 2>/dev/null ;;
+whole)
+  timeout 400 python3 benchmarks/decode.py --contexts 32k,128k --kv bf16,int8,int4 \
     --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" \
     > "$R/decode.log" 2>&1
   grep -v Warning "$R/decode.log" | tail -16 ;;
