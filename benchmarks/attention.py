@@ -255,11 +255,6 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
     """Build one context's caches and queries, then yield a row per (phase, arm) cell."""
     dev = "cpu" if args.dry_run else "cuda"
     b, hq, hkv, d = args.batch, args.q_heads, args.kv_heads, args.head_dim
-    if dev == "cuda":  # each context's buffers from fresh allocations, not the last one's
-        import gc
-
-        gc.collect()
-        torch.cuda.empty_cache()
     gen = torch.Generator(device=dev).manual_seed(ctx)
     kv = [torch.randn(b, hkv, ctx, d, generator=gen, device=dev, dtype=torch.float16)
           for _ in range(2)]
