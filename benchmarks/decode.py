@@ -73,8 +73,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "residual, norm + gate/up + SiLU, w2 + residual, norm + lm_head), torch "
                         "(F.linear + separate norms/adds) or auto (the runner's default: "
                         "triton on CUDA where the architecture allows, else torch)")
+    p.add_argument("--gemv-override", default="", metavar="FIELD=V,...",
+                   help="replace fields of every default GEMV launch (GemvConfig: block_n, "
+                        "block_k, split_k, num_warps, num_stages), e.g. num_stages=2: a "
+                        "whole-model sweep of the fused GEMVs")
     p.add_argument("--out", type=Path, default=None, help="write rows + run metadata as JSON")
     return p.parse_args(argv)
+
+
+def override_gemv_defaults(text: str) -> None:
+    """Wrap kvtax.models.gemv.default_config so every default launch takes the fields in
+    `text` ("num_stages=2,num_warps=8"); raises SystemExit naming a bad field."""
+    import dataclasses
+
+    from kvtax.models import gemv as gm
+
+    fields = {f.name for f in dataclasses.fields(gm.GemvConfig)}
+    changes = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, value = item.partition("=")
+        if key not in fields or not value.isdigit():
+            raise SystemExit(f"--gemv-override: {item!r} is not FIELD=INT with FIELD one of "
+                             f"{sorted(fields)}")
+        changes[key] = int(value)
+    base = gm.default_config
+    gm.default_config = lambda *a, **kw: dataclasses.replace(base(*a, **kw), **changes)
 
 
 def parse_contexts(text: str) -> list[int]:
@@ -87,6 +110,8 @@ def parse_contexts(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.gemv_override:
+        override_gemv_defaults(args.gemv_override)
     dev = torch.device(args.device)
     dtype = _DTYPES[args.dtype or ("bf16" if dev.type == "cuda" else "fp32")]
     cfg = get_config(args.config)
@@ -219,7 +244,46 @@ def kernel_breakdown(runner, caches, tok, n: int) -> dict:  # noqa: ANN001
         "kernel_ms_by_kind": {k: round(v, 4) for k, v in sorted(by_kind.items())},
         "launches_per_step": launches / n,
         "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:12]),
+        "gemv_by_shape": gemv_by_shape(prof, n, runner.model),
     }
+
+
+def gemv_by_shape(prof, n: int, model) -> dict:  # noqa: ANN001
+    """Per projection (qkv, o, gate_up, down, lm_head): µs per call of the fused GEMV
+    kernel, its weight bytes over that time (TB/s), and the idle µs before it (the end of
+    the previous kernel to its start). The launches come in model order each step: four
+    per layer, then lm_head; {} when the count does not say so (e.g. torch linears)."""
+    kernels = sorted((e for e in prof.events() if _is_device_kernel(e)),
+                     key=lambda e: e.time_range.start)
+    gaps, last_end = {}, None
+    for e in kernels:
+        gaps[id(e)] = e.time_range.start - last_end if last_end is not None else float("inf")
+        last_end = e.time_range.end
+    gemvs = [e for e in kernels if e.name.startswith("_gemv_kernel")]
+    layers = model.config.num_layers
+    if not gemvs or len(gemvs) != n * (4 * layers + 1):
+        return {}
+    names = ["qkv", "o", "gate_up", "down"] * layers + ["lm_head"]
+    blk = model.layers[0]
+    weights = {"qkv": blk.attn.wqkv.weight, "o": blk.attn.wo.weight,
+               "gate_up": blk.mlp.w13.weight, "down": blk.mlp.w2.weight,
+               "lm_head": model.head_weight}
+    out = {}
+    for name, w in weights.items():
+        calls = [e for i, e in enumerate(gemvs) if names[i % len(names)] == name]
+        us = sum(e.time_range.elapsed_us() for e in calls) / len(calls)
+        gap = [gaps[id(e)] for e in calls if gaps[id(e)] < 50.0]  # not a step boundary
+        out[name] = {"us": round(us, 2), "bytes": w.numel() * w.element_size(),
+                     "TBps": round(w.numel() * w.element_size() / us / 1e6, 3),
+                     "gap_before_us": round(sum(gap) / max(len(gap), 1), 2)}
+    return out
+
+
+def _is_device_kernel(evt) -> bool:  # noqa: ANN001
+    from torch.autograd import DeviceType
+
+    skip = ("cudaLaunch", "cuLaunch", "cudaGraph", "Memcpy", "Memset")
+    return evt.device_type == DeviceType.CUDA and not evt.name.startswith(skip)
 
 
 def fill_random(caches, model, ctx: int, batch: int, chunk: int = 8192) -> None:  # noqa: ANN001
@@ -344,6 +408,10 @@ def _row_line(r: dict) -> str:
         kinds = ", ".join(f"{k} {v:.3f}" for k, v in r["kernel_ms_by_kind"].items())
         line += (f"; kernels {r['kernel_ms_per_step']:.3f} ms/step ({kinds}), "
                  f"{r['launches_per_step']:.0f} launches")
+    if r.get("gemv_by_shape"):
+        line += "; GEMV us (TB/s, gap us): " + ", ".join(
+            f"{k} {v['us']:.1f} ({v['TBps']:.2f}, {v['gap_before_us']:.1f})"
+            for k, v in r["gemv_by_shape"].items())
     return line
 
 

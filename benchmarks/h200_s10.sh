@@ -10,6 +10,8 @@
 #   final  the attention kernels' GPU tests (full grid + swapped kernels), then issue 3's
 #          benchmark: every arm, decode and a 2048-row prefill chunk, 4k / 16k / 64k / 128k
 #   whole  `rope`'s decode.py run again (roofline over the best read rate of the run)
+#   gemv   decode.py at 32k int8 with the per-projection GEMV profile, the default GEMV
+#          launches and three whole-model variants (--gemv-override)
 # Usage: OUT=$OUT bash benchmarks/h200_s10.sh steps   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,5 +57,13 @@ whole)
     --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" \
     > "$R/decode.log" 2>&1
   grep -v Warning "$R/decode.log" | tail -16 ;;
+gemv)
+  for v in "" num_stages=2 num_stages=3 num_warps=8; do
+    tag=${v:-default}
+    timeout 120 python3 benchmarks/decode.py --contexts 32k --kv int8 --compile on --tokens 32 \
+      --warmup 4 --profile 2 --gemv-override "$v" --out "$R/decode-$tag.json" \
+      > "$R/decode-$tag.log" 2>&1
+    echo "== $tag"; grep -E "^ctx" "$R/decode-$tag.log"
+  done ;;
 esac
 ls -la "$R"
