@@ -11,7 +11,8 @@
 #          benchmark: every arm, decode and a 2048-row prefill chunk, 4k / 16k / 64k / 128k
 #   whole  `rope`'s decode.py run again (roofline over the best read rate of the run)
 #   gemv   decode.py at 32k int8 with the per-projection GEMV profile, the default GEMV
-#          launches and three whole-model variants (--gemv-override)
+#          launches and three whole-model variants (--gemv-override); GEMV_VARIANTS
+#          replaces the variant list (space-separated, "" = the default)
 # Usage: OUT=$OUT bash benchmarks/h200_s10.sh steps   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,8 +59,8 @@ whole)
     > "$R/decode.log" 2>&1
   grep -v Warning "$R/decode.log" | tail -16 ;;
 gemv)
-  for v in "" num_stages=2 num_stages=3 num_warps=8; do
-    tag=${v:-default}
+  for v in ${GEMV_VARIANTS:-"" num_stages=2 num_stages=3 num_warps=8}; do
+    tag=${v:-default}; tag=${tag//=/-}
     timeout 120 python3 benchmarks/decode.py --contexts 32k --kv int8 --compile on --tokens 32 \
       --warmup 4 --profile 2 --gemv-override "$v" --out "$R/decode-$tag.json" \
       > "$R/decode-$tag.log" 2>&1
