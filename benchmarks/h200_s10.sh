@@ -10,6 +10,7 @@
 #   final  the attention kernels' GPU tests (full grid + swapped kernels), then issue 3's
 #          benchmark: every arm, decode and a 2048-row prefill chunk, 4k / 16k / 64k / 128k
 #   whole  `rope`'s decode.py run again (roofline over the best read rate of the run)
+#   whole2 the GEMV / decoder GPU tests, then `whole` (the new GEMV default launches)
 #   gemv   decode.py at 32k int8 with the per-projection GEMV profile, the default GEMV
 #          launches and three whole-model variants (--gemv-override); GEMV_VARIANTS
 #          replaces the variant list (space-separated, "" = the default)
@@ -58,6 +59,11 @@ whole)
     --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" \
     > "$R/decode.log" 2>&1
   grep -v Warning "$R/decode.log" | tail -16 ;;
+whole2)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_gemv.py \
+    tests/test_gemv_decoder.py > "$R/gemv-tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$R/gemv-tests.log" | head; tail -1 "$R/gemv-tests.log"
+  OUT=$OUT bash "$0" whole ;;
 gemv)
   for v in ${GEMV_VARIANTS:-"" num_stages=2 num_stages=3 num_warps=8}; do
     tag=${v:-default}; tag=${tag//=/-}

@@ -180,10 +180,16 @@ def test_default_config_fills_the_gpu():
             programs = -(-n // c.block_n) * c.split_k
             assert programs >= 132 and c.split_k == 1, (n, k, c)
             tiles = rows * (2 if silu else 1)
-            assert c.block_n * c.block_k * tiles <= 32 * 32 * c.num_warps, (n, k, c)
-    assert default_config(6144, 4096).block_n == 8
-    c = default_config(576, 576)  # 72 row blocks of 8: split to reach 132 SMs
-    assert c.split_k == 2 and -(-576 // c.block_n) * c.split_k >= 132
+            # 16+ programs per SM stream 2 KiB per row per step: up to twice the budget
+            assert c.block_n * c.block_k * tiles <= 2 * 32 * 32 * c.num_warps, (n, k, c)
+    assert default_config(6144, 4096).block_n == 8  # qkv: 768 blocks of 8 (5.8 per SM)
+    assert default_config(4096, 4096).block_n == 4  # o: 8-row blocks would give 3.9 per SM
+    assert default_config(4096, 14336).block_n == 4  # down
+    assert default_config(14336, 4096, silu_mul=True).block_k == 1024  # gate/up: 3584 blocks
+    assert default_config(128256, 4096).block_k == 1024  # lm_head
+    assert default_config(128256, 4096, rows=4).block_k == 512  # 4 rows: the budget holds
+    c = default_config(256, 4096)  # 64 row blocks of 4: split to reach 132 SMs
+    assert (c.block_n, c.split_k) == (4, 4) and -(-256 // c.block_n) * c.split_k >= 132
 
 
 def _rope(t, d, dtype, seed):

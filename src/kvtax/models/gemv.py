@@ -77,6 +77,11 @@ def default_config(
     fastest unsplit with 8-row blocks or within 0.4 us of it (benchmarks/gemv.py --sweep,
     session 7: o 15.9 vs 18.1 us split 4, down 36.1 vs 38.4, qkv 19.1 vs 21.8 split 2),
     and a split costs a second launch in the model (0.145 ms per token for 96).
+    Two adjustments measured inside the model (decode.py --gemv-override, H200, session
+    10, µs per call): 4-row blocks where 8-row ones would give fewer than 4 programs per
+    SM (o 10.9 vs 11.1, down 29.7 vs 30.5; qkv's 5.8 per SM lost with them: 16.9 vs 14.5),
+    and 2 KiB per row per step where there are 16+ programs per SM to stream (gate/up 57.5
+    vs 59.5, lm_head 236.4 vs 244.1; 64 accumulator registers, still no spill).
     """
     num_warps = 4
     block_k = min(1024 // elem_bytes, triton.next_power_of_2(k))
@@ -85,6 +90,11 @@ def default_config(
     block_n = max(1, min(budget // (block_k * tiles), triton.next_power_of_2(n), 8))
     block_n = 1 << int(math.log2(block_n))
     blocks = triton.cdiv(n, block_n)
+    if block_n == 8 and blocks < 4 * num_sms:
+        block_n = 4
+        blocks = triton.cdiv(n, block_n)
+    elif blocks >= 16 * num_sms and rows == 1:  # (measured at one row)
+        block_k = min(2 * block_k, triton.next_power_of_2(k))
     split_k = 1
     max_split = min(MAX_SPLIT_K, triton.cdiv(k, block_k))
     while blocks * split_k < num_sms and split_k * 2 <= max_split:
@@ -330,7 +340,8 @@ def _gemv(
     g = norm_weight.contiguous() if norm_weight is not None else x2
     b = bias.contiguous() if bias is not None else x2  # placeholders are never read
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if rope is not None and config is None and rows == 1 and x.is_cuda:
+    if (rope is not None and config is None and rows == 1 and x.is_cuda
+            and cfg.block_n * cfg.block_k <= 8 * 512):
         # Triton 3.6 compiles the RoPE epilogue to 93 registers (sm_90; 3.9: 80, as without
         # it): 5 programs of 4 warps per SM instead of 6, and Llama-3.1-8B's 768 qkv
         # programs would run in two waves on 132 SMs. Capped at 80: 8 bytes spill (3.6).
