@@ -19,11 +19,20 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
 what=${1:?what}; shift
+gpu_tests() {  # gpu_tests LOG SECONDS FILES...: pytest on the GPU, failures and the tally
+  local log=$1 secs=$2; shift 2
+  timeout "$secs" python3 -m pytest -q -p no:cacheprovider $XDIST "$@" > "$R/$log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$R/$log" | head; tail -1 "$R/$log"
+}
+whole_model() {  # whole_model SECONDS: decode.py at 32k / 128k, bf16 / int8 / int4, profiled
+  timeout "$1" python3 benchmarks/decode.py --contexts 32k,128k --kv bf16,int8,int4 \
+    --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" \
+    > "$R/decode.log" 2>&1
+  grep -v Warning "$R/decode.log" | tail -16
+}
 case $what in
 steps)
-  timeout 150 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_kernels_swap_gpu.py \
-    tests/test_kernels_swap.py > "$R/swap-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$R/swap-tests.log" | head; tail -1 "$R/swap-tests.log"
+  gpu_tests swap-tests.log 150 tests/test_kernels_swap_gpu.py tests/test_kernels_swap.py
   timeout 200 python3 benchmarks/attention.py --phases decode --contexts 32768 131072 \
     --sweep --sweep-formats int8 int4 --reps 20 \
     --sweep-variants swap swap-eager swap-sm12 swap-n64 swap-n64-sm10 swap-n64-sm12 \
@@ -36,18 +45,12 @@ runner)
     > "$R/decode.log" 2>&1
   tail -60 "$R/decode.log" ;;
 rope)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_gemv.py \
-    tests/test_gemv_decoder.py tests/test_runner.py tests/test_runner_compile.py \
-    > "$R/rope-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$R/rope-tests.log" | head; tail -1 "$R/rope-tests.log"
-  timeout 330 python3 benchmarks/decode.py --contexts 32k,128k --kv bf16,int8,int4 \
-    --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" \
-    > "$R/decode.log" 2>&1
-  grep -v Warning "$R/decode.log" | tail -16 ;;
+  gpu_tests rope-tests.log 200 tests/test_gemv.py tests/test_gemv_decoder.py \
+    tests/test_runner.py tests/test_runner_compile.py
+  whole_model 330 ;;
 final)
-  timeout 170 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_kernels_gpu.py \
-    tests/test_kernels_swap_gpu.py tests/test_kernels_swap.py > "$R/kernel-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$R/kernel-tests.log" | head; tail -1 "$R/kernel-tests.log"
+  gpu_tests kernel-tests.log 170 tests/test_kernels_gpu.py tests/test_kernels_swap_gpu.py \
+    tests/test_kernels_swap.py
   timeout 380 python3 benchmarks/attention.py --contexts 4096 16384 65536 131072 --reps 20 \
     --out "$R/attn" > "$R/attn.log" 2>&1
   echo "attention.py exit $?"
@@ -55,15 +58,10 @@ final)
   cp "$R"/attn/*/rows.jsonl "$R/attn-rows.jsonl" 2>/dev/null
   cp "$R"/attn/*/summary.md "$R/attn-summary.md" 2>/dev/null ;;
 whole)
-  timeout 400 python3 benchmarks/decode.py --contexts 32k,128k --kv bf16,int8,int4 \
-    --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" \
-    > "$R/decode.log" 2>&1
-  grep -v Warning "$R/decode.log" | tail -16 ;;
+  whole_model 400 ;;
 whole2)
-  timeout 120 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_gemv.py \
-    tests/test_gemv_decoder.py > "$R/gemv-tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$R/gemv-tests.log" | head; tail -1 "$R/gemv-tests.log"
-  OUT=$OUT bash "$0" whole ;;
+  gpu_tests gemv-tests.log 120 tests/test_gemv.py tests/test_gemv_decoder.py
+  whole_model 400 ;;
 gemv)
   for v in ${GEMV_VARIANTS:-"" num_stages=2 num_stages=3 num_warps=8}; do
     tag=${v:-default}; tag=${tag//=/-}
