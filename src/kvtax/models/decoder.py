@@ -63,6 +63,9 @@ class Attention(nn.Module):
         self.attn_fn = attention
         hd, hq, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
         self.sizes = (hq * hd, hkv * hd, hkv * hd)
+        # The fused qkv GEMV can rotate q and k itself (gemv's rope epilogue: head_dim a
+        # power of two) unless q/k norms must come first (Qwen3, Gemma 3).
+        self.rope_in_gemv = not cfg.qk_norm and hd >= 2 and hd & (hd - 1) == 0
         self.wqkv = nn.Linear(cfg.hidden_size, sum(self.sizes), bias=bool(cfg.qkv_bias))
         self.wo = nn.Linear(hq * hd, cfg.hidden_size, bias=False)
         if cfg.qk_norm:
@@ -172,12 +175,9 @@ class Block(nn.Module):
         add stays in torch after the norm."""
         attn, mlp = self.attn, self.mlp
         an, fn = self.attn_norm, self.ffn_norm
-        w = attn.wqkv.weight
-        rope = None if attn.cfg.qk_norm else (cos, sin, attn.sizes[0] + attn.sizes[1])
-        if rope is not None and gm.unsupported_reason(x, w, bias=attn.wqkv.bias, rope=rope):
-            rope = None
-        qkv = gm.gemv(x, w, norm_weight=an.weight, eps=an.eps, norm_offset=an.offset,
-                      bias=attn.wqkv.bias, rope=rope)
+        rope = (cos, sin, attn.sizes[0] + attn.sizes[1]) if attn.rope_in_gemv else None
+        qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=an.weight, eps=an.eps,
+                      norm_offset=an.offset, bias=attn.wqkv.bias, rope=rope)
         a = attn.attend(qkv, cos, sin, cache, write_pos, length_t, rotated=rope is not None)
         if self.sandwich:
             x = x + self.post_attn_norm(gm.gemv(a, attn.wo.weight))
