@@ -34,7 +34,9 @@ from pathlib import Path
 
 import torch
 
-from kvtax.models import Runner, get_config, load_model
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import variants  # noqa: E402
+from kvtax.models import Runner, get_config, load_model  # noqa: E402
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -75,29 +77,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "triton on CUDA where the architecture allows, else torch)")
     p.add_argument("--gemv-override", default="", metavar="FIELD=V,...",
                    help="replace fields of every default GEMV launch (GemvConfig: block_n, "
-                        "block_k, split_k, num_warps, num_stages), e.g. num_stages=2: a "
-                        "whole-model sweep of the fused GEMVs")
+                        "block_k, split_k, num_warps, num_stages), e.g. num_stages=2; the "
+                        "same as --variants gemv.FIELD=V,...")
+    p.add_argument("--variants", default="", metavar="V;V...",
+                   help="launch variants, ';'-separated, each timed as its own cell in this "
+                        "process: comma-separated SCOPE.FIELD=INT with SCOPE gemv, a "
+                        "projection (qkv, o, gate_up, down, lm_head) or attn (the decode "
+                        "attention launch: per_sm, num_stages, ...); an empty variant is the "
+                        "defaults (benchmarks/variants.py)")
     p.add_argument("--out", type=Path, default=None, help="write rows + run metadata as JSON")
     return p.parse_args(argv)
 
 
-def override_gemv_defaults(text: str) -> None:
-    """Wrap kvtax.models.gemv.default_config so every default launch takes the fields in
-    `text` ("num_stages=2,num_warps=8"); raises SystemExit naming a bad field."""
-    import dataclasses
-
-    from kvtax.models import gemv as gm
-
-    fields = {f.name for f in dataclasses.fields(gm.GemvConfig)}
-    changes = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        key, _, value = item.partition("=")
-        if key not in fields or not value.isdigit():
-            raise SystemExit(f"--gemv-override: {item!r} is not FIELD=INT with FIELD one of "
-                             f"{sorted(fields)}")
-        changes[key] = int(value)
-    base = gm.default_config
-    gm.default_config = lambda *a, **kw: dataclasses.replace(base(*a, **kw), **changes)
+def variant_list(args: argparse.Namespace) -> list[str]:
+    """The launch variants to time (benchmarks/variants.py syntax), checked up front."""
+    if args.gemv_override and args.variants:
+        raise SystemExit("give --gemv-override or --variants, not both")
+    if args.gemv_override:
+        texts = [",".join(f"gemv.{t.strip()}" for t in args.gemv_override.split(",")
+                          if t.strip())]
+    else:
+        texts = [t.strip() for t in args.variants.split(";")] if args.variants else [""]
+    for t in texts:
+        variants.parse(t)
+    return texts
 
 
 def parse_contexts(text: str) -> list[int]:
@@ -110,8 +113,7 @@ def parse_contexts(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.gemv_override:
-        override_gemv_defaults(args.gemv_override)
+    texts = variant_list(args)
     dev = torch.device(args.device)
     dtype = _DTYPES[args.dtype or ("bf16" if dev.type == "cuda" else "fp32")]
     cfg = get_config(args.config)
@@ -130,33 +132,43 @@ def main(argv: list[str] | None = None) -> int:
     weight_bytes = _weight_bytes_per_token(model)
     rows = []
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
-    for ctx in contexts:
-        for kv, compiled in ((kv, c) for kv in formats for c in compiles):
-            row = {"config": cfg.name, "context": ctx, "kv": kv, "batch": args.batch,
-                   "dtype": str(dtype), "device": _device_name(dev),
-                   "weight_bytes": weight_bytes, "read_bw_Bps": bw, "compiled": compiled,
-                   "gemv": args.gemv}
-            try:
+    cells = [(ctx, kv, c, v) for ctx in contexts for kv in formats for c in compiles
+             for v in texts]
+    for ctx, kv, compiled, variant in cells:
+        row = {"config": cfg.name, "context": ctx, "kv": kv, "batch": args.batch,
+               "dtype": str(dtype), "device": _device_name(dev),
+               "weight_bytes": weight_bytes, "read_bw_Bps": bw, "compiled": compiled,
+               "gemv": args.gemv, "variant": variant}
+        try:
+            with variants.apply(variant, model):
                 row.update(run_cell(model, kv, ctx, args, compiled))
-                total = weight_bytes + row["kv_bytes"]
-                row["roofline_ms"] = 1000 * total / bw
-                row["roofline_fraction"] = row["roofline_ms"] / row["ms_median"]
-            except torch.cuda.OutOfMemoryError as exc:
-                row["error"] = f"OOM: {str(exc).splitlines()[0]}"
-            except Exception as exc:  # one bad cell must not end the sweep
-                row["error"] = f"{type(exc).__name__}: {exc}"
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-            rows.append(row)
-            print(_row_line(row), file=sys.stderr)
+            total = weight_bytes + row["kv_bytes"]
+            row["roofline_ms"] = 1000 * total / bw
+            row["roofline_fraction"] = row["roofline_ms"] / row["ms_median"]
+        except torch.cuda.OutOfMemoryError as exc:
+            row["error"] = f"OOM: {str(exc).splitlines()[0]}"
+        except Exception as exc:  # one bad cell must not end the sweep
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(_row_line(row), file=sys.stderr)
+        if args.out:  # after every cell: a run cut short keeps what it measured
+            write_json(args, dev, dtype, bw, torch_bw, kernel_bw, rows)
     print(markdown_table(rows))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        meta = _metadata(args, dev, dtype, bw)
-        meta.update(read_bw_torch_Bps=torch_bw, read_bw_kernels_Bps=kernel_bw)
-        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def write_json(args, dev, dtype, bw, torch_bw, kernel_bw, rows) -> None:  # noqa: ANN001
+    """Rows + run metadata to args.out (a temporary file renamed over it: never half)."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    meta = _metadata(args, dev, dtype, bw)
+    meta.update(read_bw_torch_Bps=torch_bw, read_bw_kernels_Bps=kernel_bw)
+    tmp = args.out.with_name(args.out.name + ".tmp")
+    tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    tmp.replace(args.out)
 
 
 def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
@@ -380,15 +392,17 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| context | KV | ms/token (p20-p80) | roofline ms | of roofline | KV MiB | graph |\n"
-            "|---:|:--|---:|---:|---:|---:|:--|")
+    head = ("| context | KV | variant | ms/token (p20-p80) | roofline ms | of roofline | KV MiB "
+            "| graph |\n|---:|:--|:--|---:|---:|---:|---:|:--|")
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['context']} | {r['kv']} | {r['error'][:60]} | | | | |")
+            lines.append(f"| {r['context']} | {r['kv']} | {r.get('variant') or 'default'} | "
+                         f"{r['error'][:60]} | | | | |")
             continue
         lines.append(
-            f"| {r['context']} | {r['kv']} | {r['ms_median']:.3f} ({r['ms_p20']:.3f}-"
+            f"| {r['context']} | {r['kv']} | {r.get('variant') or 'default'} | "
+            f"{r['ms_median']:.3f} ({r['ms_p20']:.3f}-"
             f"{r['ms_p80']:.3f}) | {r['roofline_ms']:.3f} | {100 * r['roofline_fraction']:.0f}% | "
             f"{r['kv_bytes'] / 2**20:.1f} | {'yes' if r['cuda_graph'] else 'no'}"
             f"{' (compiled)' if r.get('compiled') else ''}"
@@ -399,9 +413,10 @@ def markdown_table(rows: list[dict]) -> str:
 
 def _row_line(r: dict) -> str:
     if "error" in r:
-        return f"ctx {r['context']:>7} {r['kv']:>6}: {r['error']}"
+        return f"ctx {r['context']:>7} {r['kv']:>6} [{r.get('variant', '')}]: {r['error']}"
     line = (f"ctx {r['context']:>7} {r['kv']:>6}{' compiled' if r.get('compiled') else ''}"
-            f"{' gemv=triton' if r.get('gemv') == 'triton' else ''}: "
+            f"{' gemv=triton' if r.get('gemv') == 'triton' else ''}"
+            f"{' [' + r['variant'] + ']' if r.get('variant') else ''}: "
             f"{r['ms_median']:.3f} ms/token, roofline "
             f"{r['roofline_ms']:.3f} ms ({100 * r['roofline_fraction']:.0f}%)")
     if "kernel_ms_per_step" in r:

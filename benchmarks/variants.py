@@ -1,0 +1,87 @@
+"""Launch variants for decode.py: override the GEMV and decode-attention launch defaults.
+
+A variant is comma-separated `SCOPE.FIELD=INT` items; decode.py times every cell once per
+variant, in one process (the model is built once; each cell captures its own graph):
+
+    gemv.block_k=1024             every fused GEMV launch (a kvtax.models.gemv.GemvConfig field)
+    o.block_n=2,down.block_k=1024 one projection: qkv, o, gate_up, down or lm_head
+    attn.per_sm=12                the decode-attention launch (swap_decode_config /
+                                  warp_decode_config keyword arguments, forced)
+
+`apply(text, model)` is a context manager; the defaults come back when it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from collections.abc import Iterator
+
+PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+def parse(text: str) -> dict[str, dict[str, int]]:
+    """`text` → {scope: {field: value}}; raises SystemExit naming a bad item."""
+    from kvtax.attention import triton_api as ta
+    from kvtax.models import gemv as gm
+
+    gemv_fields = {f.name for f in dataclasses.fields(gm.GemvConfig)}
+    attn_fields = (set(inspect.signature(ta.swap_decode_config).parameters)
+                   & set(inspect.signature(ta.warp_decode_config).parameters)) - {
+                       "q", "view", "lengths"}
+    out: dict[str, dict[str, int]] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, value = item.partition("=")
+        scope, _, field = key.partition(".")
+        fields = attn_fields if scope == "attn" else gemv_fields
+        if scope not in ("gemv", "attn", *PROJECTIONS) or field not in fields or \
+                not value.isdigit():
+            raise SystemExit(
+                f"variant item {item!r} is not SCOPE.FIELD=INT: SCOPE gemv / "
+                f"{' / '.join(PROJECTIONS)} with FIELD in {sorted(gemv_fields)}, or attn with "
+                f"FIELD in {sorted(attn_fields)}")
+        out.setdefault(scope, {})[field] = int(value)
+    return out
+
+
+def _projection_keys(model) -> dict[tuple[int, int, bool], str]:  # noqa: ANN001
+    """(n, k, silu_mul) of each projection's default_config call → its name."""
+    blk = model.layers[0]
+    shapes = {"qkv": (blk.attn.wqkv.weight, False), "o": (blk.attn.wo.weight, False),
+              "gate_up": (blk.mlp.w13.weight, True), "down": (blk.mlp.w2.weight, False),
+              "lm_head": (model.head_weight, False)}
+    return {(w.shape[0] // (2 if silu else 1), w.shape[1], silu): name
+            for name, (w, silu) in shapes.items()}
+
+
+@contextlib.contextmanager
+def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
+    """Run the body with the launch defaults of variant `text` ("" = the defaults)."""
+    from kvtax.attention import triton_api as ta
+    from kvtax.models import gemv as gm
+
+    spec = parse(text)
+    saved = (gm.default_config, ta.swap_decode_config, ta.warp_decode_config)
+    keys = _projection_keys(model)
+    base_gemv, base_swap, base_warp = saved
+
+    def gemv_config(n, k, *, silu_mul=False, **kw):  # noqa: ANN001, ANN202
+        cfg = base_gemv(n, k, silu_mul=silu_mul, **kw)
+        changes = {**spec.get("gemv", {}), **spec.get(keys.get((n, k, silu_mul), ""), {})}
+        return dataclasses.replace(cfg, **changes) if changes else cfg
+
+    def forced(base):  # noqa: ANN001, ANN202
+        return lambda q, view, lengths=None, **kw: base(q, view, lengths,
+                                                        **{**kw, **spec["attn"]})
+
+    ta._OP_CONFIGS.clear()  # launch configs cached per cache layout: decide them afresh
+    try:
+        if set(spec) - {"attn"}:
+            gm.default_config = gemv_config
+        if "attn" in spec:
+            ta.swap_decode_config, ta.warp_decode_config = forced(base_swap), forced(base_warp)
+        yield
+    finally:
+        gm.default_config, ta.swap_decode_config, ta.warp_decode_config = saved
+        ta._OP_CONFIGS.clear()

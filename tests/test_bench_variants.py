@@ -1,0 +1,79 @@
+"""benchmarks/variants.py: decode.py's launch variants override the defaults and restore them."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvtax.attention import triton_api as ta
+from kvtax.models import get_config, load_model
+from kvtax.models import gemv as gm
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def variants():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("variants", ROOT / "benchmarks" / "variants.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(get_config("tiny"), dtype=torch.float32, device="cpu", seed=0)
+
+
+def test_parse_names_bad_items(variants) -> None:
+    assert variants.parse("gemv.block_k=1024, o.block_n=2,attn.per_sm=6") == {
+        "gemv": {"block_k": 1024}, "o": {"block_n": 2}, "attn": {"per_sm": 6}}
+    assert variants.parse("") == {}
+    for bad in ("block_k=1024", "gemv.bogus=1", "attn.block_k=2", "qkvx.block_n=2",
+                "o.block_n=two"):
+        with pytest.raises(SystemExit, match="SCOPE.FIELD=INT"):
+            variants.parse(bad)
+
+
+def test_apply_overrides_one_projection_then_restores(variants, model) -> None:
+    blk, cfg = model.layers[0], model.config
+    o_shape = blk.attn.wo.weight.shape
+    qkv_shape = blk.attn.wqkv.weight.shape
+    base_o = gm.default_config(*o_shape)
+    base_qkv = gm.default_config(*qkv_shape)
+    assert o_shape != qkv_shape, "the tiny config must tell o from qkv"
+    with variants.apply("o.block_n=2,gemv.num_stages=3", model):
+        o = gm.default_config(*o_shape)
+        qkv = gm.default_config(*qkv_shape)
+        assert (o.block_n, o.num_stages) == (2, 3)
+        assert qkv.num_stages == 3 and qkv.block_n == base_qkv.block_n
+    assert gm.default_config(*o_shape) == base_o
+    assert cfg.hidden_size == o_shape[0]
+
+
+def test_apply_forces_attention_launch_fields(variants, model) -> None:
+    """The decode-attention launch helpers see the variant's fields whatever the caller
+    passed (launch_config passes per_sm=4 for float caches), and come back afterwards."""
+    base = (ta.swap_decode_config, ta.warp_decode_config)
+    seen = []
+
+    @functools.wraps(ta.warp_decode_config)
+    def spy(q, view, lengths=None, **kw):
+        seen.append(kw)
+        return "config"
+
+    ta.warp_decode_config = spy
+    try:
+        with variants.apply("attn.per_sm=6,attn.num_stages=2", model):
+            assert ta.warp_decode_config(None, None, per_sm=4) == "config"
+            assert ta.swap_decode_config is not base[0]
+        assert seen == [{"per_sm": 6, "num_stages": 2}]
+        assert ta.warp_decode_config is spy
+    finally:
+        ta.swap_decode_config, ta.warp_decode_config = base
