@@ -197,20 +197,6 @@ def gemv_cases():
             yield (f"gemv {name} {fusion} {tag}",
                    lambda x=x, w=w, kw=kw, cfg=cfg, s=gated: gm.gemv(
                        x, w, silu_mul=s, config=cfg, **kw))
-    # the decoder's L2 prefetch of the next weight (o → gate/up, gate/up → down, down → qkv)
-    gm._can_prefetch = lambda x: True
-    for name, n, kk, gated, nxt, nxt_gated in (
-            ("o", 4096, 4096, False, (28672, 4096), True),
-            ("gate_up", 14336, 4096, True, (4096, 14336), False),
-            ("down", 4096, 14336, False, (6144, 4096), False)):
-        w = torch.randn(2 * n if gated else n, kk, dtype=torch.bfloat16)
-        x = torch.randn(1, kk, dtype=torch.bfloat16)
-        kw = dict(norm_weight=torch.ones(kk, dtype=torch.bfloat16)) if gated else dict(
-            residual=torch.randn(1, n, dtype=torch.bfloat16))
-        nw = torch.randn(*nxt, dtype=torch.bfloat16)
-        yield (f"gemv {name} prefetch",
-               lambda x=x, w=w, kw=kw, s=gated, nw=nw, g=nxt_gated: gm.gemv(
-                   x, w, silu_mul=s, prefetch=nw, prefetch_gated=g, **kw))
 
 
 def _resources(kernel) -> str:

@@ -3,19 +3,11 @@
 #   explore decode.py at 32k with launch variants in one process (benchmarks/variants.py):
 #           per-projection GEMV tiles and warps, decode-attention programs per SM; each
 #           cell profiled (GEMV µs per projection, attention ms per step)
-#   prefetch the GEMV / decoder / prefetch GPU tests, then decode.py with the GEMVs' L2
-#           prefetch of the next weight off (budget 0) and at 4 / 8 (default) / 16 MiB,
-#           32k int8 / int4 and 128k int4
 # Usage: OUT=$OUT bash benchmarks/h200_s11.sh explore   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
 what=${1:?what}; shift
-gpu_tests() {  # gpu_tests LOG SECONDS FILES...: pytest on the GPU, failures and the tally
-  local log=$1 secs=$2; shift 2
-  timeout "$secs" python3 -m pytest -q -p no:cacheprovider $XDIST "$@" > "$R/$log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$R/$log" | head; tail -1 "$R/$log"
-}
 decode_variants() {  # decode_variants TAG SECONDS KV VARIANTS [decode.py args...]
   local tag=$1 secs=$2 kv=$3 vs=$4; shift 4
   timeout "$secs" python3 benchmarks/decode.py --kv "$kv" --compile on --tokens 32 \
@@ -31,11 +23,6 @@ case $what in
 explore)
   decode_variants explore-int8 330 int8 ";$G1,attn.per_sm=6;$G2,attn.per_sm=12;$G3,attn.per_sm=10;$G4,attn.per_sm=4" --contexts 32k
   decode_variants explore-int4 200 int4,bf16 ";attn.per_sm=8;attn.per_sm=16" --contexts 32k
-  ;;
-prefetch)
-  gpu_tests gemv-tests.log 150 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_prefetch.py
-  decode_variants pf-32k 300 int8,int4 "prefetch.budget_kib=0;;prefetch.budget_kib=4096;prefetch.budget_kib=16384;prefetch.wave_per_sm=2" --contexts 32k
-  decode_variants pf-128k 150 int4 "prefetch.budget_kib=0;" --contexts 128k
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

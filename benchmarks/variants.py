@@ -7,9 +7,6 @@ variant, in one process (the model is built once; each cell captures its own gra
     o.block_n=2,down.block_k=1024 one projection: qkv, o, gate_up, down or lm_head
     attn.per_sm=12                the decode-attention launch (swap_decode_config /
                                   warp_decode_config keyword arguments, forced)
-    prefetch.budget_kib=0         the GEMVs' L2 prefetch of the next weight
-                                  (kvtax.models.prefetch: budget_kib, rows_per_half,
-                                  wave_per_sm; budget 0 turns it off)
 
 `apply(text, model)` is a context manager; the defaults come back when it exits.
 """
@@ -22,8 +19,6 @@ import inspect
 from collections.abc import Iterator
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
-PREFETCH = {"budget_kib": ("BUDGET_BYTES", 1024), "rows_per_half": ("ROWS_PER_HALF", 1),
-            "wave_per_sm": ("WAVE_PER_SM", 1)}  # field → (kvtax.models.prefetch name, scale)
 
 
 def parse(text: str) -> dict[str, dict[str, int]]:
@@ -39,13 +34,13 @@ def parse(text: str) -> dict[str, dict[str, int]]:
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, _, value = item.partition("=")
         scope, _, field = key.partition(".")
-        fields = {"attn": attn_fields, "prefetch": set(PREFETCH)}.get(scope, gemv_fields)
-        if scope not in ("gemv", "attn", "prefetch", *PROJECTIONS) or field not in fields or \
+        fields = attn_fields if scope == "attn" else gemv_fields
+        if scope not in ("gemv", "attn", *PROJECTIONS) or field not in fields or \
                 not value.isdigit():
             raise SystemExit(
                 f"variant item {item!r} is not SCOPE.FIELD=INT: SCOPE gemv / "
-                f"{' / '.join(PROJECTIONS)} with FIELD in {sorted(gemv_fields)}, attn with "
-                f"FIELD in {sorted(attn_fields)}, or prefetch with FIELD in {sorted(PREFETCH)}")
+                f"{' / '.join(PROJECTIONS)} with FIELD in {sorted(gemv_fields)}, or attn with "
+                f"FIELD in {sorted(attn_fields)}")
         out.setdefault(scope, {})[field] = int(value)
     return out
 
@@ -65,11 +60,9 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
     """Run the body with the launch defaults of variant `text` ("" = the defaults)."""
     from kvtax.attention import triton_api as ta
     from kvtax.models import gemv as gm
-    from kvtax.models import prefetch as pf
 
     spec = parse(text)
     saved = (gm.default_config, ta.swap_decode_config, ta.warp_decode_config)
-    saved_pf = {name: getattr(pf, name) for name, _ in PREFETCH.values()}
     keys = _projection_keys(model)
     base_gemv, base_swap, base_warp = saved
 
@@ -84,16 +77,11 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
 
     ta._OP_CONFIGS.clear()  # launch configs cached per cache layout: decide them afresh
     try:
-        if set(spec) - {"attn", "prefetch"}:
+        if set(spec) - {"attn"}:
             gm.default_config = gemv_config
-        for field, value in spec.get("prefetch", {}).items():
-            name, scale = PREFETCH[field]
-            setattr(pf, name, value * scale)
         if "attn" in spec:
             ta.swap_decode_config, ta.warp_decode_config = forced(base_swap), forced(base_warp)
         yield
     finally:
         gm.default_config, ta.swap_decode_config, ta.warp_decode_config = saved
-        for name, value in saved_pf.items():
-            setattr(pf, name, value)
         ta._OP_CONFIGS.clear()

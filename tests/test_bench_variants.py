@@ -13,7 +13,6 @@ import torch
 from kvtax.attention import triton_api as ta
 from kvtax.models import get_config, load_model
 from kvtax.models import gemv as gm
-from kvtax.models import prefetch as pf
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,11 +55,6 @@ def test_apply_overrides_one_projection_then_restores(variants, model) -> None:
         assert qkv.num_stages == 3 and qkv.block_n == base_qkv.block_n
     assert gm.default_config(*o_shape) == base_o
     assert cfg.hidden_size == o_shape[0]
-    budget = pf.BUDGET_BYTES
-    with variants.apply("prefetch.budget_kib=512,prefetch.wave_per_sm=2", model):
-        assert (pf.BUDGET_BYTES, pf.WAVE_PER_SM) == (512 << 10, 2)
-        assert gm.default_config(*o_shape) == base_o  # no GEMV field changed
-    assert pf.BUDGET_BYTES == budget
 
 
 def test_apply_forces_attention_launch_fields(variants, model) -> None:

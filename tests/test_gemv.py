@@ -237,23 +237,6 @@ def test_rope_bad_input():
         print(what, "raised")
 
 
-@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-def test_prefetch_changes_nothing(gated, monkeypatch):
-    """The next weight's L2 prefetch (kvtax.models.prefetch) leaves y bit-identical. On the
-    GPU the PTX runs (a plan for every launch: a budget of a few lines, one program's
-    region clamped); on CPU the interpreter skips it and this checks the plumbing."""
-    x, w, g, r = _inputs(2, 96, 256, torch.bfloat16, norm=True, silu=gated, residual=not gated)
-    nxt = torch.randn(2 * 37 if gated else 77, 320).to(DEVICE, torch.bfloat16)
-    kw = dict(norm_weight=g, silu_mul=True) if gated else dict(residual=r)
-    base = gemv(x, w, **kw)
-    for budget in (1 << 10, 8 << 20):
-        monkeypatch.setattr(gm.pf, "BUDGET_BYTES", budget)
-        got = gemv(x, w, prefetch=nxt, prefetch_gated=gated, **kw)
-        assert torch.equal(got, base)
-    with pytest.raises(ShapeError, match="prefetch"):
-        gemv(x, w, prefetch=nxt.t(), **kw)
-
-
 def test_bad_input_raises(monkeypatch):
     x, w, g, r = _inputs(1, 37, 100, torch.float16, norm=True, residual=True)
     bad = {

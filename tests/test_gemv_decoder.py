@@ -88,36 +88,3 @@ def test_blocked_architectures_raise():
     assert not Runner(model, kv="fp16").fused_gemv  # auto: off where it does not apply
     with pytest.raises(OptionError, match="fused GEMV"):
         Runner(model, kv="fp16", fused_gemv=True)
-
-
-def test_gemvs_prefetch_the_next_weight(monkeypatch):
-    """o prefetches gate/up (gated), gate/up down, down the next layer's qkv and the last
-    down the LM head; qkv none (attention's stream comes between)."""
-    from kvtax.models import gemv as gm
-
-    model = random_model(SMALL, dtype=torch.float32, device=DEVICE, seed=0)
-    calls = []
-    real = gm.gemv
-
-    def spy(x, w, **kw):
-        calls.append((w, kw.get("prefetch"), kw.get("prefetch_gated", False)))
-        return real(x, w, **kw)
-
-    monkeypatch.setattr(gm, "gemv", spy)
-    runner = Runner(model, kv="fp16", cuda_graph=False, fused_gemv=True)
-    caches = runner.make_caches(capacity=8)
-    ids = torch.arange(4, device=DEVICE)[None]
-    runner.prefill(ids[:, :3], caches)
-    calls.clear()  # the prefill's last-row LM head
-    runner.decode_step(ids[:, 3:], caches)
-    l0, l1 = model.layers
-    want = []
-    for blk, nxt in ((l0, l1.attn.wqkv.weight), (l1, model.head_weight)):
-        want += [(blk.attn.wqkv.weight, None, False),
-                 (blk.attn.wo.weight, blk.mlp.w13.weight, True),
-                 (blk.mlp.w13.weight, blk.mlp.w2.weight, False),
-                 (blk.mlp.w2.weight, nxt, False)]
-    want.append((model.head_weight, None, False))
-    assert len(calls) == len(want)
-    for (w, p, gated), (ww, wp, wg) in zip(calls, want):
-        assert w is ww and p is wp and gated == wg

@@ -157,45 +157,37 @@ class Block(nn.Module):
             self.post_attn_norm = RMSNorm(cfg.hidden_size, eps, off)
             self.post_ffn_norm = RMSNorm(cfg.hidden_size, eps, off)
 
-    def forward(self, x, cos, sin, cache, write_pos, length_t,  # noqa: ANN001, ANN201
-                next_weight=None):  # noqa: ANN001
-        """`next_weight`: the weight the step streams after this block (the next block's
-        wqkv, or the LM head): the fused path's last GEMV prefetches its start into L2."""
+    def forward(self, x, cos, sin, cache, write_pos, length_t):  # noqa: ANN001, ANN201
         if self.fused_gemv:
             gm = _gemv_api()
             if gm.unsupported_reason(x, self.attn.wqkv.weight) is None:
-                return self._forward_gemv(gm, x, cos, sin, cache, write_pos, length_t,
-                                          next_weight)
+                return self._forward_gemv(gm, x, cos, sin, cache, write_pos, length_t)
         h = self.attn(self.attn_norm(x), cos, sin, cache, write_pos, length_t)
         x = x + (self.post_attn_norm(h) if self.sandwich else h)
         h = self.mlp(self.ffn_norm(x))
         return x + (self.post_ffn_norm(h) if self.sandwich else h)
 
-    def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t,  # noqa: ANN001, ANN202
-                      next_weight=None):  # noqa: ANN001
+    def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t):  # noqa: ANN001, ANN202
         """The decode step as four fused GEMVs (see `gemv_blocker` for the layers it takes).
         The qkv GEMV also rotates q and k (its RoPE epilogue: three elementwise launches
         fewer per layer) unless q/k norms (Qwen3, Gemma 3) must come first. Sandwich norms
         (Gemma) normalize a projection's whole output before the residual add, so there the
-        add stays in torch after the norm. The o, gate/up and down GEMVs each pull the
-        start of the next one's weight into L2 as they end (kvtax.models.prefetch); the
-        qkv GEMV does not: attention's KV stream comes between."""
+        add stays in torch after the norm."""
         attn, mlp = self.attn, self.mlp
         an, fn = self.attn_norm, self.ffn_norm
         rope = (cos, sin, attn.sizes[0] + attn.sizes[1]) if attn.rope_in_gemv else None
         qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=an.weight, eps=an.eps,
                       norm_offset=an.offset, bias=attn.wqkv.bias, rope=rope)
         a = attn.attend(qkv, cos, sin, cache, write_pos, length_t, rotated=rope is not None)
-        w13 = dict(prefetch=mlp.w13.weight, prefetch_gated=True)
         if self.sandwich:
-            x = x + self.post_attn_norm(gm.gemv(a, attn.wo.weight, **w13))
+            x = x + self.post_attn_norm(gm.gemv(a, attn.wo.weight))
         else:
-            x = gm.gemv(a, attn.wo.weight, residual=x, **w13)
+            x = gm.gemv(a, attn.wo.weight, residual=x)
         h = gm.gemv(x, mlp.w13.weight, norm_weight=fn.weight, eps=fn.eps, norm_offset=fn.offset,
-                    silu_mul=True, gelu=mlp.gelu, prefetch=mlp.w2.weight)
+                    silu_mul=True, gelu=mlp.gelu)
         if self.sandwich:
-            return x + self.post_ffn_norm(gm.gemv(h, mlp.w2.weight, prefetch=next_weight))
-        return gm.gemv(h, mlp.w2.weight, residual=x, prefetch=next_weight)
+            return x + self.post_ffn_norm(gm.gemv(h, mlp.w2.weight))
+        return gm.gemv(h, mlp.w2.weight, residual=x)
 
 
 def _gemv_api():  # noqa: ANN202
@@ -295,10 +287,9 @@ class DecoderModel(nn.Module):
         rope_local = rope_cos_sin(positions, self.inv_freq_local, x.dtype) if any(
             self.local_rope
         ) else rope
-        nexts = [blk.attn.wqkv.weight for blk in self.layers[1:]] + [self.head_weight]
-        for layer, cache, local, nxt in zip(self.layers, caches, self.local_rope, nexts):
+        for layer, cache, local in zip(self.layers, caches, self.local_rope):
             cos, sin = rope_local if local else rope
-            x = layer(x, cos, sin, cache, write_pos, length_t, next_weight=nxt)
+            x = layer(x, cos, sin, cache, write_pos, length_t)
         if last_only:
             x = x[:, -1:]
         gm = _gemv_api() if self.fused_gemv else None

@@ -6,7 +6,6 @@
     >>> y = gemv(x, w13, norm_weight=g, silu_mul=True)        # silu(gate) * up, [M, N / 2]
     >>> y = gemv(a, wo, residual=h)                           # h + F.linear(a, wo)
     >>> qkv = gemv(x, wqkv, norm_weight=g, rope=(cos, sin, n_qk))  # q, k rotated (rope.py)
-    >>> y = gemv(a, wo, residual=h, prefetch=w13, prefetch_gated=True)  # w13's start → L2
 
 The kernels (`kernels/gemv.py`) read W once as a streaming read and accumulate in fp32;
 the math is `gemv_reference`'s. On CPU the kernel runs only when Triton's interpreter
@@ -25,7 +24,6 @@ import torch.nn.functional as F
 import triton
 
 from kvtax.errors import OptionError, ShapeError
-from kvtax.models import prefetch as pf
 from kvtax.models.kernels.gemv import _gemv_kernel, _gemv_reduce_kernel
 from kvtax.models.rope import apply_rope
 
@@ -109,11 +107,6 @@ def _interpreting() -> bool:
     return type(_gemv_kernel).__name__ == "InterpretedFunction"
 
 
-def _can_prefetch(x: torch.Tensor) -> bool:
-    """The L2 prefetch is inline PTX: compiled CUDA kernels only (compile_check.py forces it)."""
-    return x.is_cuda and not _interpreting()
-
-
 def runs_on(device: torch.device) -> bool:
     """Whether the kernels can run on tensors of `device` (CUDA, or CPU when interpreted)."""
     return device.type == "cuda" or _interpreting()
@@ -139,7 +132,6 @@ def unsupported_reason(
     silu_mul: bool = False,
     out: torch.Tensor | None = None,
     rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> str | None:
     """None when `gemv` can serve this call, else why not. Arguments as for `gemv`."""
     if not (x.is_cuda or _interpreting()):
@@ -190,10 +182,6 @@ def unsupported_reason(
         if reason is not None:
             return reason
         tensors += list(rope[:2])
-    if prefetch is not None:
-        if prefetch.dim() != 2 or prefetch.stride(1) != 1 or prefetch.numel() == 0:
-            return f"prefetch must be a [N, K] weight with contiguous rows ({prefetch.shape})"
-        tensors.append(prefetch)
     if any(t.device != x.device for t in tensors):
         return "all tensors must be on x's device"
     return None
@@ -273,8 +261,6 @@ def gemv(
     config: GemvConfig | None = None,
     out: torch.Tensor | None = None,
     rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-    prefetch: torch.Tensor | None = None,
-    prefetch_gated: bool = False,
 ) -> torch.Tensor:
     """y = [residual +] act(rmsnorm(x) @ w.T [+ bias]) for decode-sized x, in one or two
     launches.
@@ -290,11 +276,7 @@ def gemv(
     kvtax.models.rope's tables `[T, D]` (x is `[..., T, K]`; input row m is position
     m % T): the first `rows` outputs (q and k heads of a qkv projection, a multiple of D)
     leave rotated, each head's pairs (d, d + D/2) in fp32 before the one rounding; not
-    with silu_mul or residual; always unsplit. prefetch: the weight `[N', K']` the next
-    kernel of the caller's chain streams (prefetch_gated: a silu_mul GEMV's, gate then up
-    rows); the launch's last wave pulls its first lines into L2 as it ends
-    (kvtax.models.prefetch; compiled CUDA kernels only, no effect on y). fp32
-    accumulation; see
+    with silu_mul or residual; always unsplit. fp32 accumulation; see
     `gemv_reference` for the exact math. config: a GemvConfig (default:
     `default_config`). Raises ShapeError for tensors the kernel cannot take
     (`unsupported_reason`).
@@ -307,7 +289,7 @@ def gemv(
     if gelu and not silu_mul:
         raise OptionError("gelu picks the gated MLP's activation: it needs silu_mul=True")
     reason = unsupported_reason(x, w, norm_weight=norm_weight, bias=bias, residual=residual,
-                                silu_mul=silu_mul, out=out, rope=rope, prefetch=prefetch)
+                                silu_mul=silu_mul, out=out, rope=rope)
     if reason is not None:
         raise ShapeError(f"gemv cannot run: {reason}")
     cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
@@ -315,12 +297,12 @@ def gemv(
     if torch.compiler.is_compiling():
         cos, sin, rot = rope if rope is not None else (None, None, 0)
         y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul,
-                     gelu, cfg, cos, sin, rot, prefetch, prefetch_gated)
+                     gelu, cfg, cos, sin, rot)
         if out is None:
             return y
         return out.copy_(y.view(out.shape))
     return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config,
-                 out, rope, prefetch, prefetch_gated)
+                 out, rope)
 
 
 def _gemv(
@@ -328,7 +310,6 @@ def _gemv(
     norm_offset: bool, bias: torch.Tensor | None, residual: torch.Tensor | None, silu_mul: bool,
     gelu: bool, config: GemvConfig | None, out: torch.Tensor | None,
     rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-    prefetch: torch.Tensor | None = None, prefetch_gated: bool = False,
 ) -> torch.Tensor:
     """The launch (inputs already checked)."""
     shape = _out_shape(x, w, silu_mul)
@@ -376,24 +357,10 @@ def _gemv(
         rope_args = (cos, sin, cos.stride(0), cos.shape[0], rot)
     else:
         rope_args = (x2, x2, 0, 1, 0)  # placeholders, never read
-    grid = (triton.cdiv(n_rows, cfg.block_n), splits)
-    plan = None
-    if prefetch is not None and _can_prefetch(x):
-        plan = pf.prefetch_plan(tuple(prefetch.shape), prefetch.element_size(),
-                                gated=prefetch_gated, programs=grid[0] * grid[1],
-                                num_sms=_num_sms(x.device))
-    if plan is not None:
-        pf_args = (prefetch, plan.first, plan.rows, plan.rows_per_half, plan.half_offset,
-                   prefetch.stride(0))
-        opts.update(PREFETCH=True, PF_ROWS=plan.rows_per_program, PF_LINES=plan.lines,
-                    LINE=plan.line)
-    else:
-        pf_args = (x2, 0, 1, 1, 0, 0)  # placeholders, never read
-    _gemv_kernel[grid](
+    _gemv_kernel[(triton.cdiv(n_rows, cfg.block_n), splits)](
         x2, w, g, b, r2, y2, ws, ss,
         n_rows, k, k_per, x2.stride(0), w.stride(0), r2.stride(0), y2.stride(0), float(eps),
-        *rope_args, *pf_args, ROPE=rope is not None,
-        HEAD_DIM=rope[0].shape[-1] if rope else 0,
+        *rope_args, ROPE=rope is not None, HEAD_DIM=rope[0].shape[-1] if rope else 0,
         ROWS=rows, NORM=norm_weight is not None, OFFSET=norm_offset,
         BIAS=bias is not None and not split, RESIDUAL=residual is not None and not split,
         SILU_MUL=silu_mul and not split, GELU=gelu, SPLIT=split,
@@ -423,21 +390,20 @@ _LIB = torch.library.Library("kvtax", "FRAGMENT")
 _LIB.define(
     "gemv(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool norm_offset, "
     "Tensor? bias, Tensor? residual, bool silu_mul, bool gelu, int[]? config, "
-    "Tensor? rope_cos, Tensor? rope_sin, int rope_rows, Tensor? prefetch, "
-    "bool prefetch_gated) -> Tensor"
+    "Tensor? rope_cos, Tensor? rope_sin, int rope_rows) -> Tensor"
 )
 
 
 def _gemv_body(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config,  # noqa: ANN001, ANN202
-               rope_cos, rope_sin, rope_rows, prefetch, prefetch_gated):
+               rope_cos, rope_sin, rope_rows):
     cfg = GemvConfig(*config) if config is not None else None
     rope = (rope_cos, rope_sin, rope_rows) if rope_cos is not None else None
     return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, cfg, None,
-                 rope, prefetch, prefetch_gated)
+                 rope)
 
 
 def _gemv_fake(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config,  # noqa: ANN001, ANN202
-               rope_cos, rope_sin, rope_rows, prefetch, prefetch_gated):
+               rope_cos, rope_sin, rope_rows):
     return x.new_empty(_out_shape(x, w, silu_mul))
 
 

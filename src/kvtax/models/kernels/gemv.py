@@ -11,14 +11,6 @@ ROPE (the qkv projection of a decode step): the rows of each head come in rotary
 rotates q and k in registers (out[d] = y[d]·cos[d] + y[d ± D/2]·sin[d], signed sin as
 kvtax.models.rope builds it) for the rows below `rope_rows` (q and k; v passes through).
 
-PREFETCH (the next kernel's weights, issue 4): a batch-1 decode step is a chain of
-short weight-streaming kernels, and at every boundary the memory system idles through
-one kernel's tail and the next one's launch and ramp. The programs of the last wave
-therefore end by pulling the first lines of the NEXT GEMV's weight rows into L2
-(`prefetch.global.L2::evict_last`, fire and forget): DRAM serves them in that gap and
-the next kernel starts on L2 hits. Weights depend on nothing a kernel writes, so this
-needs no ordering; it changes no result. Compiled kernels only (inline PTX).
-
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
 so no program reads x twice. BIAS, RESIDUAL and SILU_MUL (GELU: a GELU-tanh gate) are
@@ -44,24 +36,6 @@ def _load_x(p_x, o_k, m_k, b_g, ss, NORM: tl.constexpr, EVEN_K: tl.constexpr):
         ss += b_x * b_x
         b_x = b_x * b_g
     return b_x, ss
-
-
-@triton.jit
-def _prefetch_next(NXT, pf_first, pf_rows, pf_half, pf_off, nxt_stride, pid,
-                   PF_ROWS: tl.constexpr, PF_LINES: tl.constexpr, LINE: tl.constexpr):
-    """Program `pid` (flat) >= pf_first pulls PF_ROWS rows x PF_LINES lines of LINE
-    elements of the next weight NXT into L2. The region is `pf_rows` rows, `pf_half` per
-    half: row r is NXT's row (r % pf_half) + (r // pf_half) * pf_off (gate/up: the first
-    rows of both halves). Rows past the region are clamped onto its last one (re-fetching
-    a line costs nothing), so every address is in bounds."""
-    q = pid - pf_first
-    if q >= 0:
-        r = tl.minimum(q * PF_ROWS + tl.arange(0, PF_ROWS), pf_rows - 1)  # [PF_ROWS]
-        row = (r % pf_half + (r // pf_half) * pf_off).to(tl.int64)
-        ptrs = NXT + row[:, None] * nxt_stride + tl.arange(0, PF_LINES)[None, :] * LINE
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2::evict_last [$1]; // $0 unused", "=r,l", [ptrs],
-            dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -124,14 +98,11 @@ def _gemv_kernel(
     X, W, G, B, R, Y, WS, SS,
     N, K, K_PER, stride_xm, stride_wn, stride_rm, stride_ym, eps,
     CS, SN, stride_cs, n_pos, rope_rows,
-    NXT, pf_first, pf_rows, pf_half, pf_off, nxt_stride,
     ROWS: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr, GELU: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0,
-    PREFETCH: tl.constexpr = False, PF_ROWS: tl.constexpr = 1, PF_LINES: tl.constexpr = 1,
-    LINE: tl.constexpr = 64,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -141,8 +112,7 @@ def _gemv_kernel(
     covers K_PER columns of K (a multiple of BLOCK_K). Rows of W past N are clamped to
     row N - 1 (read, never stored) so the W loads need no row mask. ROPE (unsplit, N a
     multiple of HEAD_DIM, BLOCK_N even and dividing HEAD_DIM): see the module docstring;
-    CS / SN `[n_pos, HEAD_DIM]`, rows below rope_rows rotated. PREFETCH: after its loop
-    a program pulls part of the next weight NXT into L2 (`_prefetch_next`; CUDA only).
+    CS / SN `[n_pos, HEAD_DIM]`, rows below rope_rows rotated.
     """
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -211,9 +181,6 @@ def _gemv_kernel(
             acc3 += b_w * b_x[None, :]
             if SILU_MUL:
                 up3 += b_u * b_x[None, :]
-    if PREFETCH:  # the loads of this program are all issued: the memory system's idle time
-        _prefetch_next(NXT, pf_first, pf_rows, pf_half, pf_off, nxt_stride,
-                       pid_n * tl.num_programs(1) + pid_s, PF_ROWS, PF_LINES, LINE)
     rope = (CS, SN, stride_cs, n_pos, rope_rows, HEAD_DIM)
     _finish_row(acc0, up0, ss0, 0, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
                 stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
