@@ -3,6 +3,12 @@
 #   explore decode.py at 32k with launch variants in one process (benchmarks/variants.py):
 #           per-projection GEMV tiles and warps, decode-attention programs per SM; each
 #           cell profiled (GEMV µs per projection, attention ms per step)
+#   prefetch (at 1bce831, reverted in 21ea194) the GEMV / decoder / prefetch GPU tests, then
+#           decode.py with the GEMVs' L2 prefetch of the next weight off (budget 0) and at
+#           4 / 8 (default) / 16 MiB, 32k int8 / int4 and 128k int4
+#   record  kernel_floor.py (one streaming read per decode-step size, alone and as the 128-
+#           kernel chain of the layers' GEMV reads), then issue 4's benchmark: decode.py at
+#           4k / 16k / 32k / 64k / 128k, bf16 / int8 / int4, profiled
 # Usage: OUT=$OUT bash benchmarks/h200_s11.sh explore   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +29,13 @@ case $what in
 explore)
   decode_variants explore-int8 330 int8 ";$G1,attn.per_sm=6;$G2,attn.per_sm=12;$G3,attn.per_sm=10;$G4,attn.per_sm=4" --contexts 32k
   decode_variants explore-int4 200 int4,bf16 ";attn.per_sm=8;attn.per_sm=16" --contexts 32k
+  ;;
+record)
+  timeout 120 python3 benchmarks/kernel_floor.py --out "$R/floor.json" > "$R/floor.log" 2>&1
+  grep -v Warning "$R/floor.log" | tail -8
+  timeout 420 python3 benchmarks/decode.py --contexts 4k,16k,32k,64k,128k --kv bf16,int8,int4 \
+    --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" > "$R/decode.log" 2>&1
+  grep -E "^\|" "$R/decode.log"; grep -E "^ctx" "$R/decode.log" | cut -c1-330
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac
