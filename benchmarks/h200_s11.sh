@@ -9,6 +9,8 @@
 #   record  kernel_floor.py (one streaming read per decode-step size, alone and as the 128-
 #           kernel chain of the layers' GEMV reads), then issue 4's benchmark: decode.py at
 #           4k / 16k / 32k / 64k / 128k, bf16 / int8 / int4, profiled
+#   pdl     kernel_floor.py with the chain under programmatic dependent launch (wait and
+#           trigger placements): what a kernel boundary costs with PDL
 # Usage: OUT=$OUT bash benchmarks/h200_s11.sh explore   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,10 @@ record)
   timeout 420 python3 benchmarks/decode.py --contexts 4k,16k,32k,64k,128k --kv bf16,int8,int4 \
     --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" > "$R/decode.log" 2>&1
   grep -E "^\|" "$R/decode.log"; grep -E "^ctx" "$R/decode.log" | cut -c1-330
+  ;;
+pdl)
+  timeout 300 python3 benchmarks/kernel_floor.py --out "$R/floor-pdl.json" > "$R/floor-pdl.log" 2>&1
+  grep -v Warning "$R/floor-pdl.log" | tail -16
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

@@ -10,6 +10,11 @@ launch shapes) at the byte counts of a Llama-3.1-8B decode step:
   chain   the 32 layers' four reads back to back in one graph (distinct buffers laid out
           like the weights), against one kernel reading the same bytes: the difference
           divided by the kernel count is the cost of a kernel boundary
+  pdl     the chain again with programmatic dependent launch: each read waits for the one
+          before (`griddepcontrol.wait`) at its start or after its first block (a GEMV's
+          weight loads need nothing from the kernel before), and lets the next one launch
+          (`launch_dependents`) first thing, after its loop, or only at exit; "nowait" is
+          the bound (no ordering at all)
 
     python benchmarks/kernel_floor.py --out results/floor.json
 """
@@ -22,6 +27,9 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from readceiling import _stream_read_kernel  # noqa: E402
@@ -31,6 +39,41 @@ from timing import Timer, git_commit  # noqa: E402
 LLAMA8B = {"qkv": 6144 * 4096 * 2, "o": 4096 * 4096 * 2, "gate_up": 28672 * 4096 * 2,
            "down": 4096 * 14336 * 2, "lm_head": 128256 * 4096 * 2}
 SHAPES = ((4096, 8, 4), (8192, 8, 8), (2048, 4, 16))  # (BLOCK, num_warps, programs per SM)
+
+
+@triton.jit
+def _read_pdl_kernel(X, Out, n, BLOCK: tl.constexpr, WAIT: tl.constexpr, TRIGGER: tl.constexpr):
+    """_stream_read_kernel under PDL. WAIT: 0 never, 1 first thing, 2 after the first
+    block's load; TRIGGER: 0 at exit only, 1 first thing, 2 after the loop."""
+    if TRIGGER == 1:
+        gdc_launch_dependents()
+    if WAIT == 1:
+        gdc_wait()
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    acc = tl.load(X + pid * BLOCK + tl.arange(0, BLOCK)).to(tl.float32)
+    if WAIT == 2:
+        gdc_wait()
+    for start in range(pid * BLOCK + step, n, step):
+        acc += tl.load(X + start + tl.arange(0, BLOCK)).to(tl.float32)
+    if TRIGGER == 2:
+        gdc_launch_dependents()
+    tl.store(Out + pid, tl.sum(acc, 0))
+
+
+PDL_VARIANTS = {"nowait-start": (0, 1), "wait-start/start": (1, 1), "wait-start/loop": (1, 2),
+                "wait-start/exit": (1, 0), "wait-first/start": (2, 1),
+                "wait-first/loop": (2, 2), "wait-first/exit": (2, 0)}  # name → (WAIT, TRIGGER)
+
+
+def pdl_reader(x: torch.Tensor, block: int, warps: int, per_sm: int, wait: int,  # noqa: ANN201
+               trigger: int):
+    """As `reader`, launched with programmatic dependent launch."""
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    grid = min(sms * per_sm, x.numel() // block)
+    part = torch.empty(grid, device=x.device, dtype=torch.float32)
+    return lambda: _read_pdl_kernel[(grid,)](x, part, x.numel(), BLOCK=block, WAIT=wait,
+                                             TRIGGER=trigger, num_warps=warps, launch_pdl=True)
 
 
 def reader(x: torch.Tensor, block: int, warps: int, per_sm: int):  # noqa: ANN201
@@ -92,6 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chain  {len(launches)} kernels {total / 2**30:.2f} GiB {chain['us']:.1f} us "
           f"({chain['TBps']:.3f} TB/s); one kernel {one['us']:.1f} us ({one['TBps']:.3f}); "
           f"{chain['boundary_us']:.2f} us per kernel boundary", file=sys.stderr)
+    pdl = {}
+    names = ["qkv", "o", "gate_up", "down"] * args.layers
+    for tag, (wait, trigger) in PDL_VARIANTS.items():
+        fns = [pdl_reader(v, *shape[n], wait, trigger) for v, n in zip(views, names)]
+        ms, p20, p80 = timer(lambda fns=fns: [f() for f in fns])
+        pdl[tag] = dict(us=1000 * ms, p20_us=1000 * p20, p80_us=1000 * p80,
+                        boundary_us=(1000 * ms - one["us"]) / len(fns))
+        print(f"pdl {tag:18} {1000 * ms:8.1f} us, {pdl[tag]['boundary_us']:.2f} us per "
+              f"boundary", file=sys.stderr)
+    chain["pdl"] = pdl
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(dict(
