@@ -11,11 +11,18 @@
 #           4k / 16k / 32k / 64k / 128k, bf16 / int8 / int4, profiled
 #   pdl     kernel_floor.py with the chain under programmatic dependent launch (wait and
 #           trigger placements): what a kernel boundary costs with PDL
+#   gemvpdl the GEMV / decoder GPU tests, then decode.py with the GEMVs launched with and
+#           without PDL (pdl.on=0 / default), 32k bf16 / int8 / int4 and 128k int4
 # Usage: OUT=$OUT bash benchmarks/h200_s11.sh explore   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
 what=${1:?what}; shift
+gpu_tests() {  # gpu_tests LOG SECONDS FILES...: pytest on the GPU, failures and the tally
+  local log=$1 secs=$2; shift 2
+  timeout "$secs" python3 -m pytest -q -p no:cacheprovider $XDIST "$@" > "$R/$log" 2>&1
+  grep -E "^(FAILED|ERROR)" "$R/$log" | head; tail -1 "$R/$log"
+}
 decode_variants() {  # decode_variants TAG SECONDS KV VARIANTS [decode.py args...]
   local tag=$1 secs=$2 kv=$3 vs=$4; shift 4
   timeout "$secs" python3 benchmarks/decode.py --kv "$kv" --compile on --tokens 32 \
@@ -42,6 +49,11 @@ record)
 pdl)
   timeout 300 python3 benchmarks/kernel_floor.py --out "$R/floor-pdl.json" > "$R/floor-pdl.log" 2>&1
   grep -v Warning "$R/floor-pdl.log" | tail -16
+  ;;
+gemvpdl)
+  gpu_tests gemv-tests.log 150 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py
+  decode_variants pdl-32k 300 bf16,int8,int4 "pdl.on=0;" --contexts 32k
+  decode_variants pdl-128k 150 int4 "pdl.on=0;" --contexts 128k
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

@@ -237,6 +237,48 @@ def test_rope_bad_input():
         print(what, "raised")
 
 
+@pytest.mark.skipif(not ke.HAS_CUDA, reason="programmatic dependent launch: CUDA sm_90+")
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_pdl_chain_matches_plain_launches(graph, monkeypatch):
+    """A chain of GEMVs, each reading the one before's output (as in a decode step), gives
+    bit-identical results launched with PDL (each waits before reading x) and without;
+    in a CUDA graph too (the runner's path). A kernel that read x before its wait would
+    see the previous step's values here: the chain runs twice on changing inputs."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("PDL needs sm_90+")
+    x, w1, g, _ = _inputs(1, 4096, 4096, torch.bfloat16, norm=True, silu=True, seed=1)
+    w2 = (torch.randn(4096, 4096, device=DEVICE) / 64).to(torch.bfloat16)
+    w3 = (torch.randn(6144, 4096, device=DEVICE) / 64).to(torch.bfloat16)
+
+    def chain(inp):
+        h = gemv(inp, w1, norm_weight=g, silu_mul=True)  # [1, 4096]
+        y = gemv(h, w2, residual=inp)
+        return gemv(y, w3, norm_weight=g)
+
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(gm, "USE_PDL", on)
+        inp = x.clone()
+        if graph:
+            chain(inp)
+            torch.cuda.synchronize()
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                out = chain(inp)
+            outs = []
+            for step in range(3):
+                inp.copy_(x * (step + 1))
+                cg.replay()
+                outs.append(out.clone())
+        else:
+            outs = [chain(x * (step + 1)) for step in range(3)]
+        torch.cuda.synchronize()
+        results[on] = outs
+    for a, b in zip(results[False], results[True]):
+        assert torch.equal(a, b)
+    assert not torch.equal(results[True][0], results[True][1])
+
+
 def test_bad_input_raises(monkeypatch):
     x, w, g, r = _inputs(1, 37, 100, torch.float16, norm=True, residual=True)
     bad = {

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from functools import lru_cache
 
 import torch
@@ -33,6 +34,8 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 H200_SMS = 132  # the default's target when no CUDA device is visible (interpreter, meta)
 ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
+# programmatic dependent launch of the main kernel (kernels/gemv.py, PDL); KVTAX_PDL=0: off
+USE_PDL = os.environ.get("KVTAX_PDL", "1").strip().lower() not in ("0", "off", "false")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +108,18 @@ def default_config(
 def _interpreting() -> bool:
     """True when Triton's interpreter built the kernel (then it also runs on CPU tensors)."""
     return type(_gemv_kernel).__name__ == "InterpretedFunction"
+
+
+@lru_cache(maxsize=None)
+def _sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def _pdl(x: torch.Tensor) -> bool:
+    """Launch with programmatic dependent launch: compiled kernels on sm_90+, USE_PDL."""
+    if not (USE_PDL and x.is_cuda) or _interpreting():
+        return False
+    return _sm90(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 def runs_on(device: torch.device) -> bool:
@@ -340,6 +355,8 @@ def _gemv(
     g = norm_weight.contiguous() if norm_weight is not None else x2
     b = bias.contiguous() if bias is not None else x2  # placeholders are never read
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if _pdl(x):
+        opts.update(PDL=True, launch_pdl=True)
     if (rope is not None and config is None and rows == 1 and x.is_cuda
             and cfg.block_n * cfg.block_k <= 8 * 512):
         # Triton 3.6 compiles the RoPE epilogue to 93 registers (sm_90; 3.9: 80, as without

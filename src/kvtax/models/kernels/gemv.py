@@ -11,6 +11,15 @@ ROPE (the qkv projection of a decode step): the rows of each head come in rotary
 rotates q and k in registers (out[d] = y[d]·cos[d] + y[d ± D/2]·sin[d], signed sin as
 kvtax.models.rope builds it) for the rows below `rope_rows` (q and k; v passes through).
 
+PDL (programmatic dependent launch; CUDA, sm_90+, launched with launch_pdl): a decode step
+is ~240 short kernels and each boundary costs ~2.5 µs of idle memory system (the H200,
+benchmarks/kernel_floor.py: a chain of the layers' 128 weight-sized streaming reads
+takes 2.49 µs per boundary over one kernel reading the same bytes; 0.68 µs when each
+read lets the next launch first thing and waits only after loading its first block).
+So a program lets the next kernel launch at once, issues its first W tile (weights
+depend on nothing the step writes) and only then waits (`griddepcontrol.wait`) for the
+kernels before it to finish, before its first load of x, the residual or any store.
+
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
 so no program reads x twice. BIAS, RESIDUAL and SILU_MUL (GELU: a GELU-tanh gate) are
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -102,7 +112,7 @@ def _gemv_kernel(
     RESIDUAL: tl.constexpr, SILU_MUL: tl.constexpr, GELU: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0,
+    ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -112,8 +122,11 @@ def _gemv_kernel(
     covers K_PER columns of K (a multiple of BLOCK_K). Rows of W past N are clamped to
     row N - 1 (read, never stored) so the W loads need no row mask. ROPE (unsplit, N a
     multiple of HEAD_DIM, BLOCK_N even and dividing HEAD_DIM): see the module docstring;
-    CS / SN `[n_pos, HEAD_DIM]`, rows below rope_rows rotated.
+    CS / SN `[n_pos, HEAD_DIM]`, rows below rope_rows rotated. PDL: see the module
+    docstring (the wait sits between the first step's W loads and its x loads).
     """
+    if PDL:
+        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     if ROPE:  # BLOCK_N / 2 rows of each rotary half of one head
@@ -160,6 +173,9 @@ def _gemv_kernel(
                               eviction_policy="evict_first").to(tl.float32)
             if NORM:
                 b_g = tl.load(G + o_k, mask=m_k, other=0.0).to(tl.float32)
+        if PDL:
+            if k0 == k_start:  # W (and g) are in flight; x comes from the kernel before
+                gdc_wait()
         if OFFSET:
             b_g = b_g + 1.0
         b_x, ss0 = _load_x(X, o_k, m_k, b_g, ss0, NORM, EVEN_K)
