@@ -13,6 +13,7 @@
 #           trigger placements): what a kernel boundary costs with PDL
 #   gemvpdl the GEMV / decoder GPU tests, then decode.py with the GEMVs launched with and
 #           without PDL (pdl.on=0 / default), 32k bf16 / int8 / int4 and 128k int4
+#   pdlwait decode.py, GEMV PDL off / waiting first thing / waiting after the first W tile
 # Usage: OUT=$OUT bash benchmarks/h200_s11.sh explore   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +55,9 @@ gemvpdl)
   gpu_tests gemv-tests.log 150 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py
   decode_variants pdl-32k 300 bf16,int8,int4 "pdl.on=0;" --contexts 32k
   decode_variants pdl-128k 150 int4 "pdl.on=0;" --contexts 128k
+  ;;
+pdlwait)
+  decode_variants pdlwait-32k 300 int8,int4 "pdl.on=0;pdl.first=0;" --contexts 32k
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

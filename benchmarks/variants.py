@@ -7,7 +7,8 @@ variant, in one process (the model is built once; each cell captures its own gra
     o.block_n=2,down.block_k=1024 one projection: qkv, o, gate_up, down or lm_head
     attn.per_sm=12                the decode-attention launch (swap_decode_config /
                                   warp_decode_config keyword arguments, forced)
-    pdl.on=0                      the GEMVs' programmatic dependent launch (1 / 0)
+    pdl.on=0,pdl.first=0          the GEMVs' programmatic dependent launch (1 / 0), its
+                                  wait after the first W tile (1) or first thing (0)
 
 `apply(text, model)` is a context manager; the defaults come back when it exits.
 """
@@ -35,13 +36,13 @@ def parse(text: str) -> dict[str, dict[str, int]]:
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, _, value = item.partition("=")
         scope, _, field = key.partition(".")
-        fields = {"attn": attn_fields, "pdl": {"on"}}.get(scope, gemv_fields)
+        fields = {"attn": attn_fields, "pdl": {"on", "first"}}.get(scope, gemv_fields)
         if scope not in ("gemv", "attn", "pdl", *PROJECTIONS) or field not in fields or \
                 not value.isdigit():
             raise SystemExit(
                 f"variant item {item!r} is not SCOPE.FIELD=INT: SCOPE gemv / "
                 f"{' / '.join(PROJECTIONS)} with FIELD in {sorted(gemv_fields)}, attn with "
-                f"FIELD in {sorted(attn_fields)}, or pdl.on")
+                f"FIELD in {sorted(attn_fields)}, or pdl.on / pdl.first")
         out.setdefault(scope, {})[field] = int(value)
     return out
 
@@ -64,7 +65,7 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
 
     spec = parse(text)
     saved = (gm.default_config, ta.swap_decode_config, ta.warp_decode_config)
-    saved_pdl = gm.USE_PDL
+    saved_pdl = gm.USE_PDL, gm.PDL_FIRST
     keys = _projection_keys(model)
     base_gemv, base_swap, base_warp = saved
 
@@ -81,12 +82,13 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
     try:
         if set(spec) - {"attn", "pdl"}:
             gm.default_config = gemv_config
-        if "pdl" in spec:
-            gm.USE_PDL = bool(spec["pdl"]["on"])
+        pdl = spec.get("pdl", {})
+        gm.USE_PDL = bool(pdl.get("on", gm.USE_PDL))
+        gm.PDL_FIRST = bool(pdl.get("first", gm.PDL_FIRST))
         if "attn" in spec:
             ta.swap_decode_config, ta.warp_decode_config = forced(base_swap), forced(base_warp)
         yield
     finally:
         gm.default_config, ta.swap_decode_config, ta.warp_decode_config = saved
-        gm.USE_PDL = saved_pdl
+        gm.USE_PDL, gm.PDL_FIRST = saved_pdl
         ta._OP_CONFIGS.clear()

@@ -36,6 +36,7 @@ ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
 # programmatic dependent launch of the main kernel (kernels/gemv.py, PDL); KVTAX_PDL=0: off
 USE_PDL = os.environ.get("KVTAX_PDL", "1").strip().lower() not in ("0", "off", "false")
+PDL_FIRST = True  # wait after issuing the first W tile (False: before any load)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,7 +357,7 @@ def _gemv(
     b = bias.contiguous() if bias is not None else x2  # placeholders are never read
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if _pdl(x):
-        opts.update(PDL=True, launch_pdl=True)
+        opts.update(PDL=True, PDL_FIRST=PDL_FIRST, launch_pdl=True)
     if (rope is not None and config is None and rows == 1 and x.is_cuda
             and cfg.block_n * cfg.block_k <= 8 * 512):
         # Triton 3.6 compiles the RoPE epilogue to 93 registers (sm_90; 3.9: 80, as without

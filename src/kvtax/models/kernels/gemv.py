@@ -113,6 +113,7 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0, PDL: tl.constexpr = False,
+    PDL_FIRST: tl.constexpr = True,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -127,6 +128,8 @@ def _gemv_kernel(
     """
     if PDL:
         gdc_launch_dependents()
+        if not PDL_FIRST:  # wait before any load (no W tile held across the wait)
+            gdc_wait()
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     if ROPE:  # BLOCK_N / 2 rows of each rotary half of one head
@@ -173,7 +176,7 @@ def _gemv_kernel(
                               eviction_policy="evict_first").to(tl.float32)
             if NORM:
                 b_g = tl.load(G + o_k, mask=m_k, other=0.0).to(tl.float32)
-        if PDL:
+        if PDL and PDL_FIRST:
             if k0 == k_start:  # W (and g) are in flight; x comes from the kernel before
                 gdc_wait()
         if OFFSET:
