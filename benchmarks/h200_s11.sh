@@ -14,6 +14,8 @@
 #   gemvpdl the GEMV / decoder GPU tests, then decode.py with the GEMVs launched with and
 #           without PDL (pdl.on=0 / default), 32k bf16 / int8 / int4 and 128k int4
 #   pdlwait decode.py, GEMV PDL off / waiting first thing / waiting after the first W tile
+#   final   the GEMV / decoder / runner GPU tests with the new default (PDL, wait first
+#           thing), then decode.py at 32k / 64k / 128k, bf16 / int8 / int4, profiled
 # Usage: OUT=$OUT bash benchmarks/h200_s11.sh explore   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +60,12 @@ gemvpdl)
   ;;
 pdlwait)
   decode_variants pdlwait-32k 300 int8,int4 "pdl.on=0;pdl.first=0;" --contexts 32k
+  ;;
+final)
+  gpu_tests gemv-tests.log 100 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py
+  timeout 300 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
+    --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" > "$R/decode.log" 2>&1
+  grep -E "^\|" "$R/decode.log"; grep -E "^ctx" "$R/decode.log" | cut -c1-200
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

@@ -36,7 +36,7 @@ ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
 # programmatic dependent launch of the main kernel (kernels/gemv.py, PDL); KVTAX_PDL=0: off
 USE_PDL = os.environ.get("KVTAX_PDL", "1").strip().lower() not in ("0", "off", "false")
-PDL_FIRST = True  # wait after issuing the first W tile (False: before any load)
+PDL_FIRST = False  # True: wait after issuing the first W tile (measured slower in the model)
 
 
 @dataclasses.dataclass(frozen=True)

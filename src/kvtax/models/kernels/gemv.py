@@ -14,11 +14,14 @@ kvtax.models.rope builds it) for the rows below `rope_rows` (q and k; v passes t
 PDL (programmatic dependent launch; CUDA, sm_90+, launched with launch_pdl): a decode step
 is ~240 short kernels and each boundary costs ~2.5 µs of idle memory system (the H200,
 benchmarks/kernel_floor.py: a chain of the layers' 128 weight-sized streaming reads
-takes 2.49 µs per boundary over one kernel reading the same bytes; 0.68 µs when each
-read lets the next launch first thing and waits only after loading its first block).
-So a program lets the next kernel launch at once, issues its first W tile (weights
-depend on nothing the step writes) and only then waits (`griddepcontrol.wait`) for the
-kernels before it to finish, before its first load of x, the residual or any store.
+takes 2.49 µs per boundary over one kernel reading the same bytes; 1.66 µs when each
+read lets the next launch first thing and waits first thing, 0.68 µs when it waits
+after loading its first block). A program lets the next kernel launch at once and waits
+(`griddepcontrol.wait`) for the kernels before it to finish before its first load
+(PDL_FIRST=False, the default) or after issuing its first W tile (PDL_FIRST: weights
+depend on nothing the step writes; but inside the model that held the tile across the
+wait, 101 instead of 80 registers for qkv, and measured 2% slower than no PDL, while
+waiting first thing measured 1.2% faster: session 11, docs/BENCHMARKS.md).
 
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
@@ -113,7 +116,7 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0, PDL: tl.constexpr = False,
-    PDL_FIRST: tl.constexpr = True,
+    PDL_FIRST: tl.constexpr = False,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
