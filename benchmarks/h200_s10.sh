@@ -19,11 +19,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
 what=${1:?what}; shift
-gpu_tests() {  # gpu_tests LOG SECONDS FILES...: pytest on the GPU, failures and the tally
-  local log=$1 secs=$2; shift 2
-  timeout "$secs" python3 -m pytest -q -p no:cacheprovider $XDIST "$@" > "$R/$log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$R/$log" | head; tail -1 "$R/$log"
-}
 whole_model() {  # whole_model SECONDS: decode.py at 32k / 128k, bf16 / int8 / int4, profiled
   timeout "$1" python3 benchmarks/decode.py --contexts 32k,128k --kv bf16,int8,int4 \
     --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" \

@@ -21,11 +21,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
 what=${1:?what}; shift
-gpu_tests() {  # gpu_tests LOG SECONDS FILES...: pytest on the GPU, failures and the tally
-  local log=$1 secs=$2; shift 2
-  timeout "$secs" python3 -m pytest -q -p no:cacheprovider $XDIST "$@" > "$R/$log" 2>&1
-  grep -E "^(FAILED|ERROR)" "$R/$log" | head; tail -1 "$R/$log"
-}
 decode_variants() {  # decode_variants TAG SECONDS KV VARIANTS [decode.py args...]
   local tag=$1 secs=$2 kv=$3 vs=$4; shift 4
   timeout "$secs" python3 benchmarks/decode.py --kv "$kv" --compile on --tokens 32 \
