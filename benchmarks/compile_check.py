@@ -88,6 +88,10 @@ def attention_cases(full: bool):
         q = torch.randn(1, 2 * group, n_q, d, dtype=dtype)
         name = f"attn {spec} D{d} G{group} L{n_q} {dtype} sliding={sliding}"
         yield name, lambda q=q, v=cache.view(): ta.triton_attention(q, v)
+        if n_q == 1 and dtype == torch.bfloat16 and spec in ("bf16", "int8", "fp8", "int4-g32"):
+            # the decode kernel and the reduce launched with PDL (warp / tile kernels)
+            yield f"{name} pdl", lambda q=q, v=cache.view(): _with_all_pdl(
+                lambda: ta.triton_attention(q, v))
 
 
 def swap_cases():
@@ -107,6 +111,9 @@ def swap_cases():
         name = f"swap {spec} D{d} G{group} L{n_q} {dtype}"
         yield name, lambda q=q, v=cache.view(): ta.triton_attention(
             q, v, config=ta.swap_decode_config(q, v))
+        if dtype == torch.bfloat16:  # Gluon (int8, int4) or the Triton twin, with PDL
+            yield f"{name} pdl", lambda q=q, v=cache.view(): _with_all_pdl(
+                lambda: ta.triton_attention(q, v, config=ta.swap_decode_config(q, v)))
 
 
 def hybrid_cases(full: bool):
@@ -165,6 +172,9 @@ def store_cases():
         cache.fused_store = True
         k = torch.randn(1, 2, t, d, dtype=dtype)
         yield f"store {spec} D{d} {dtype} T{t}", lambda c=cache, k=k: c.append(k, k)
+        if d == 128 and dtype == torch.bfloat16:
+            yield (f"store {spec} D{d} {dtype} T{t} pdl",
+                   lambda c=cache, k=k: _with_all_pdl(lambda: c.append(k, k)))
 
 
 def gemv_cases():
@@ -211,6 +221,18 @@ def _with_pdl(gm, fn):  # noqa: ANN001, ANN202
         return fn()
     finally:
         gm._pdl = saved
+
+
+def _with_all_pdl(fn):  # noqa: ANN001, ANN202
+    """Run fn with every kvtax.pdl launch forced on (CPU tensors: it would be off)."""
+    from kvtax import pdl
+
+    saved = pdl.enabled
+    pdl.enabled = lambda kind, t, interpreting: True
+    try:
+        return fn()
+    finally:
+        pdl.enabled = saved
 
 
 def _resources(kernel) -> str:

@@ -7,8 +7,10 @@ variant, in one process (the model is built once; each cell captures its own gra
     o.block_n=2,down.block_k=1024 one projection: qkv, o, gate_up, down or lm_head
     attn.per_sm=12                the decode-attention launch (swap_decode_config /
                                   warp_decode_config keyword arguments, forced)
-    pdl.on=0,pdl.first=0          the GEMVs' programmatic dependent launch (1 / 0), its
-                                  wait after the first W tile (1) or first thing (0)
+    pdl.on=0,pdl.first=0          programmatic dependent launch (kvtax.pdl) on / off, and
+                                  the GEMVs' wait after the first W tile (1) or first thing (0)
+    pdl.attn=0,pdl.store=0        PDL off for one kernel family: gemv, store, attn (the
+                                  decode attention kernels) or reduce (their split-KV merge)
 
 `apply(text, model)` is a context manager; the defaults come back when it exits.
 """
@@ -21,6 +23,10 @@ import inspect
 from collections.abc import Iterator
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
+# pdl.FIELD: on (kvtax.pdl.USE_PDL), first (the GEMVs' PDL_FIRST), or a kernel family of
+# kvtax.pdl.KINDS (variant name → family name)
+PDL_FIELDS = {"on": None, "first": None, "gemv": "gemv", "store": "store",
+              "attn": "attention", "reduce": "reduce"}
 
 
 def parse(text: str) -> dict[str, dict[str, int]]:
@@ -36,13 +42,14 @@ def parse(text: str) -> dict[str, dict[str, int]]:
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, _, value = item.partition("=")
         scope, _, field = key.partition(".")
-        fields = {"attn": attn_fields, "pdl": {"on", "first"}}.get(scope, gemv_fields)
+        fields = {"attn": attn_fields, "pdl": set(PDL_FIELDS)}.get(scope, gemv_fields)
         if scope not in ("gemv", "attn", "pdl", *PROJECTIONS) or field not in fields or \
                 not value.isdigit():
             raise SystemExit(
                 f"variant item {item!r} is not SCOPE.FIELD=INT: SCOPE gemv / "
                 f"{' / '.join(PROJECTIONS)} with FIELD in {sorted(gemv_fields)}, attn with "
-                f"FIELD in {sorted(attn_fields)}, or pdl.on / pdl.first")
+                f"FIELD in {sorted(attn_fields)}, or pdl.FIELD with FIELD in "
+                f"{sorted(PDL_FIELDS)}")
         out.setdefault(scope, {})[field] = int(value)
     return out
 
@@ -60,12 +67,13 @@ def _projection_keys(model) -> dict[tuple[int, int, bool], str]:  # noqa: ANN001
 @contextlib.contextmanager
 def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
     """Run the body with the launch defaults of variant `text` ("" = the defaults)."""
+    from kvtax import pdl as kp
     from kvtax.attention import triton_api as ta
     from kvtax.models import gemv as gm
 
     spec = parse(text)
     saved = (gm.default_config, ta.swap_decode_config, ta.warp_decode_config)
-    saved_pdl = gm.USE_PDL, gm.PDL_FIRST
+    saved_pdl = kp.USE_PDL, kp.KINDS, gm.PDL_FIRST
     keys = _projection_keys(model)
     base_gemv, base_swap, base_warp = saved
 
@@ -83,12 +91,15 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
         if set(spec) - {"attn", "pdl"}:
             gm.default_config = gemv_config
         pdl = spec.get("pdl", {})
-        gm.USE_PDL = bool(pdl.get("on", gm.USE_PDL))
+        kp.USE_PDL = bool(pdl.get("on", kp.USE_PDL))
         gm.PDL_FIRST = bool(pdl.get("first", gm.PDL_FIRST))
+        off = {PDL_FIELDS[f] for f, v in pdl.items() if PDL_FIELDS[f] and not v}
+        on = {PDL_FIELDS[f] for f, v in pdl.items() if PDL_FIELDS[f] and v}
+        kp.KINDS = frozenset((kp.KINDS | on) - off)
         if "attn" in spec:
             ta.swap_decode_config, ta.warp_decode_config = forced(base_swap), forced(base_warp)
         yield
     finally:
         gm.default_config, ta.swap_decode_config, ta.warp_decode_config = saved
-        gm.USE_PDL, gm.PDL_FIRST = saved_pdl
+        kp.USE_PDL, kp.KINDS, gm.PDL_FIRST = saved_pdl
         ta._OP_CONFIGS.clear()

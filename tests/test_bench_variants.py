@@ -80,3 +80,31 @@ def test_apply_forces_attention_launch_fields(variants, model) -> None:
         assert ta.warp_decode_config is spy
     finally:
         ta.swap_decode_config, ta.warp_decode_config = base
+
+
+def test_apply_switches_pdl_families_then_restores(variants, model) -> None:
+    """pdl.FIELD=0 takes one kernel family out of kvtax.pdl.KINDS (=1 puts it back),
+    pdl.on the global switch; all of it comes back afterwards."""
+    from kvtax import pdl
+
+    saved = (pdl.USE_PDL, pdl.KINDS, gm.PDL_FIRST)
+    with variants.apply("pdl.attn=0,pdl.reduce=0,pdl.first=1", model):
+        assert pdl.KINDS == pdl.ALL_KINDS - {"attention", "reduce"}
+        assert gm.PDL_FIRST is True
+        with variants.apply("pdl.on=0,pdl.reduce=1", model):
+            assert pdl.USE_PDL is False and "reduce" in pdl.KINDS
+            assert "attention" not in pdl.KINDS
+        assert pdl.KINDS == pdl.ALL_KINDS - {"attention", "reduce"}
+    assert (pdl.USE_PDL, pdl.KINDS, gm.PDL_FIRST) == saved
+    with pytest.raises(SystemExit, match="pdl.FIELD"):
+        variants.parse("pdl.bogus=1")
+
+
+def test_pdl_is_off_on_cpu_and_names_unknown_families() -> None:
+    from kvtax import pdl
+
+    x = torch.zeros(2)
+    assert pdl.launch_options("attention", x, interpreting=False) == {}
+    assert not pdl.enabled("gemv", x, interpreting=True)
+    with pytest.raises(ValueError, match="unknown PDL kernel family 'attn'"):
+        pdl.enabled("attn", x, interpreting=False)

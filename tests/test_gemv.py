@@ -257,7 +257,7 @@ def test_pdl_chain_matches_plain_launches(graph, monkeypatch):
 
     results = {}
     for on in (False, True):
-        monkeypatch.setattr(gm, "USE_PDL", on)
+        monkeypatch.setattr(pdl, "USE_PDL", on)
         inp = x.clone()
         if graph:
             chain(inp)

@@ -26,6 +26,7 @@ from functools import lru_cache
 import torch
 import triton
 
+from kvtax import pdl
 from kvtax.attention.kernels.decode import _decode_attn_split_kernel
 from kvtax.attention.kernels.decode_packed import _decode_packed_kernel
 from kvtax.attention.kernels.decode_swap import _decode_swap_kernel
@@ -67,6 +68,12 @@ class LaunchConfig:
     v_pairs: bool = True  # warp decode: int8/int4 V read as uint16 pairs where possible
     lazy: bool = True  # warp decode: rescale only when the max grows by > 2^8 (a branch)
     strided: bool = True  # warp decode: split s takes every S-th tile (False: one run)
+
+
+def _pdl(kind: str, q: torch.Tensor) -> dict:
+    """Launch keywords for programmatic dependent launch (kvtax.pdl): the decode kernels'
+    and the reduce's PDL constexpr (wait first thing) and launch_pdl; {} when off."""
+    return pdl.launch_options(kind, q, _interpreting())
 
 
 def _interpreting() -> bool:
@@ -616,12 +623,12 @@ def _triton_attention(
         _decode_warp_kernel[(b * h_kv, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
             *q.stride(), *strides, **masks, HAS_MIN_DIST=common["HAS_MIN_DIST"],
-            **_warp_args(view, q.dtype, cfg, common),
+            **_warp_args(view, q.dtype, cfg, common), **_pdl("attention", q),
         )
     else:
         _decode_attn_split_kernel[(b * h_kv, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
-            *q.stride(), *strides, **masks, **common,
+            *q.stride(), *strides, **masks, **common, **_pdl("attention", q),
         )
     splits_pad = triton.next_power_of_2(splits)
     d_block = min(32, triton.next_power_of_2(d))
@@ -630,7 +637,7 @@ def _triton_attention(
         G=group, HEAD_DIM=d, D_BLOCK=d_block,
         # all splits in one shot up to 256 (a [256, 32] float32 tile over 4 warps)
         SPLITS_PAD=splits_pad, SPLIT_BLOCK=splits_pad if splits_pad <= 256 else 64,
-        num_warps=4,
+        num_warps=4, **_pdl("reduce", q),
     )
     return out
 
@@ -646,7 +653,7 @@ def _launch_swap_triton(q, view, part_o, part_m, part_l, cache_args, length_host
         G=q.shape[1] // h_kv, HEAD_DIM=d, K_FMT=k_fmt, K_NG=d // view.spec.key.group_size,
         V_FMT=v_fmt, V_NG=d // view.spec.value.group_size, SOFTCAP=bool(softcap),
         HAS_LENS=lengths is not None, ASM=not _interpreting(), LAZY=cfg.lazy, num_warps=1,
-        num_stages=cfg.num_stages,
+        num_stages=cfg.num_stages, **_pdl("attention", q),
     )
 
 
@@ -670,6 +677,7 @@ def _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, split
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
         INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, LAZY=cfg.lazy,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+        **_pdl("attention", q),
     )
 
 

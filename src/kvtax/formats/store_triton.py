@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kvtax import pdl
 from kvtax.errors import FormatError, ShapeError
 from kvtax.formats.affine import AffineFormat
 from kvtax.formats.base import MODEL_DTYPES, KVFormat, QTensor
@@ -284,7 +285,7 @@ def _launch(
         args += [x, *x_strides, codes, meta, bias, *d_strides, recip]
     _quantize_store_kernel[plan.grid](
         pos if plan.from_ptr else k, 0 if plan.from_ptr else int(pos), *plan.scalars, *args,
-        **plan.consts,
+        **plan.consts, **pdl.launch_options("store", k, _interpreting()),
     )
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 import triton
 
+from kvtax import pdl
 from kvtax.errors import OptionError, ShapeError
 from kvtax.models.kernels.gemv import _gemv_kernel, _gemv_reduce_kernel
 from kvtax.models.rope import apply_rope
@@ -34,8 +34,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 H200_SMS = 132  # the default's target when no CUDA device is visible (interpreter, meta)
 ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
-# programmatic dependent launch of the main kernel (kernels/gemv.py, PDL); KVTAX_PDL=0: off
-USE_PDL = os.environ.get("KVTAX_PDL", "1").strip().lower() not in ("0", "off", "false")
+# programmatic dependent launch of the main kernel: kvtax.pdl (KVTAX_PDL=0 turns it off)
 PDL_FIRST = False  # True: wait after issuing the first W tile (measured slower in the model)
 
 
@@ -111,16 +110,9 @@ def _interpreting() -> bool:
     return type(_gemv_kernel).__name__ == "InterpretedFunction"
 
 
-@lru_cache(maxsize=None)
-def _sm90(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
-
-
 def _pdl(x: torch.Tensor) -> bool:
-    """Launch with programmatic dependent launch: compiled kernels on sm_90+, USE_PDL."""
-    if not (USE_PDL and x.is_cuda) or _interpreting():
-        return False
-    return _sm90(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    """Launch with programmatic dependent launch (kvtax.pdl: compiled, sm_90+, on)."""
+    return pdl.enabled("gemv", x, _interpreting())
 
 
 def runs_on(device: torch.device) -> bool:

@@ -7,8 +7,19 @@ exponentials are `exp2`.
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kvtax.attention.kernels.dequant import code_offset, load_codes, load_kv_tile, load_meta
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """With PDL (the launch used launch_pdl; kvtax.pdl): let the next kernel launch, then
+    wait for the kernels before this one to finish, before any memory access (they wrote
+    q, the new K/V slot, the length; and read the partials this kernel overwrites)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 @triton.jit

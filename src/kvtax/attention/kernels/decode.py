@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels.common import (
-    attn_step, head_pointers, load_queries, sequence_of, split_range, tile_meta,
+    attn_step, head_pointers, load_queries, pdl_enter, sequence_of, split_range, tile_meta,
 )
 
 
@@ -36,7 +36,9 @@ def _decode_attn_split_kernel(
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
     F16_MATH: tl.constexpr, HAS_KV_START: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(

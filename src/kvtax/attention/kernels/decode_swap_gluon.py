@@ -43,6 +43,17 @@ _X4_PAIRS_ASM = gl.constexpr(swap_asm.X4_PAIRS)
 
 
 @gluon.jit
+def _pdl_enter(PDL: gl.constexpr):
+    """common.pdl_enter in Gluon: griddepcontrol through inline PTX, as
+    triton.language.extra.cuda's gdc_* (which are not Gluon builtins) emit it."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _x8(c):
     """uint8 codes (4 per 32-bit word) -> fp16 1024 + c: two prmt per 4 codes."""
     return gl.inline_asm_elementwise(
@@ -117,11 +128,13 @@ def _decode_swap_gluon_kernel(
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
     INT4: gl.constexpr, HAS_LENS: gl.constexpr, LAZY: gl.constexpr = False,
+    PDL: gl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
     ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT).
     Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4)."""
+    _pdl_enter(PDL)
     SUB: gl.constexpr = 16
     BN: gl.constexpr = 32
     NC: gl.constexpr = 8

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels.common import (
-    _dot_acc, _tanh, head_pointers, sequence_of, split_range, visible,
+    _dot_acc, _tanh, head_pointers, pdl_enter, sequence_of, split_range, visible,
 )
 
 
@@ -416,8 +416,9 @@ def _decode_warp_kernel(
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
-    LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True,
+    LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(

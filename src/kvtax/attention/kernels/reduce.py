@@ -7,11 +7,13 @@ acc_s, a base-2 max m_s and a denominator l_s; with M = max_s m_s and w_s = 2^(m
 out = sum_s w_s acc_s / sum_s w_s l_s. Empty splits have m_s = -inf and weigh 0.
 HAS_LSE (constexpr, off by default) also stores each row's log-sum-exp of scores,
 ln 2 * (M + log2 sum_s w_s l_s), to `Lse` `[B, H_q, L]` float32 (-inf for a row that saw
-no key), so partial attentions can be merged (kvtax.attention.lse).
+no key), so partial attentions can be merged (kvtax.attention.lse). PDL: common.pdl_enter.
 """
 
 import triton
 import triton.language as tl
+
+from kvtax.attention.kernels.common import pdl_enter
 
 
 @triton.jit(do_not_specialize=["n_q", "num_splits"])
@@ -20,7 +22,9 @@ def _decode_attn_reduce_kernel(
     s_ob, s_oh, s_ol, Lse,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, D_BLOCK: tl.constexpr,
     SPLITS_PAD: tl.constexpr, SPLIT_BLOCK: tl.constexpr, HAS_LSE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     pid_bh = tl.program_id(0)
     r = tl.program_id(1)
     d0 = tl.program_id(2) * D_BLOCK

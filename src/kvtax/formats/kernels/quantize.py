@@ -27,6 +27,7 @@ scale per row (codes written as their uint8 bit patterns).
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -196,13 +197,19 @@ def _quantize_store_kernel(
     V_FMT: tl.constexpr, V_GS: tl.constexpr, V_OUT: tl.constexpr, V_NG_P: tl.constexpr,
     POS_FROM_PTR: tl.constexpr, IS_RING: tl.constexpr, RECIP: tl.constexpr,
     BLOCK_R: tl.constexpr, D_P: tl.constexpr, HALF_P: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Rows `[pid * BLOCK_R, +BLOCK_R)` of K (program_id(1) == 0) or V (== 1).
 
     x strides s_?x_* (elements; the last dim is contiguous), codes strides s_?c_*,
     scales/biases strides s_?m_* (batch, head, slot). k_inv / v_inv: float32(1 / levels)
     (1 / 448 for fp8) when RECIP. p_pos: int `[1]` device position when POS_FROM_PTR.
+    PDL (launched with launch_pdl; kvtax.pdl): let the next kernel launch, then wait for
+    the kernels before this one (they wrote k, v and the position) before any access.
     """
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = o_r < n_rows
     o_r = o_r.to(tl.int64)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 12's device calls (what ran, for docs/BENCHMARKS.md and notes/KERNELS.md):
+#   pdl     GPU tests with every decode-step kernel PDL-aware (kvtax.pdl: GEMVs, cache
+#           store, decode attention, split-KV reduce), then decode.py side by side in one
+#           process: PDL off / GEMVs only (session 11's default) / every kernel, 32k bf16 /
+#           int8 / int4 and 128k int4
+# Usage: OUT=$OUT bash benchmarks/h200_s12.sh pdl   (results: $OUT/r/)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH, gpu_tests
+what=${1:?what}; shift
+decode_variants() {  # decode_variants TAG SECONDS KV VARIANTS [decode.py args...]
+  local tag=$1 secs=$2 kv=$3 vs=$4; shift 4
+  timeout "$secs" python3 benchmarks/decode.py --kv "$kv" --compile on --tokens 32 \
+    --warmup 4 --profile 2 --variants "$vs" --out "$R/$tag.json" "$@" > "$R/$tag.log" 2>&1
+  echo "== $tag"; grep -E "^\||^#|Error" "$R/$tag.log" | cut -c1-200
+}
+GEMV_ONLY="pdl.store=0,pdl.attn=0,pdl.reduce=0"
+case $what in
+pdl)
+  gpu_tests pdl-tests.log 200 tests/test_pdl_gpu.py tests/test_gemv.py tests/test_runner.py \
+    tests/test_kernels_swap_gpu.py tests/test_gemv_decoder.py
+  decode_variants pdl-32k 300 bf16,int8,int4 "pdl.on=0;$GEMV_ONLY;" --contexts 32k
+  decode_variants pdl-128k 120 int4 "$GEMV_ONLY;" --contexts 128k
+  ;;
+*) echo "unknown case $what"; exit 2 ;;
+esac

@@ -1,0 +1,49 @@
+"""Programmatic dependent launch (PDL) for the kernels of a decode step.
+
+A batch-1 decode step is ~240 short kernels, and on the H200 each boundary between two
+of them leaves the memory system idle for ~2.5 µs (benchmarks/kernel_floor.py; notes/
+KERNELS.md, session 11). Launched with PDL (`launch_pdl=True`, sm_90+), a kernel may
+start while the one before it still runs, once every program of that one has executed
+`griddepcontrol.launch_dependents`; it must then execute `griddepcontrol.wait` before it
+touches memory the kernels before it write. kvtax's decode-step kernels (the fused
+GEMVs, the cache store, the decode attention kernels and their split-KV reduce) all do
+both first thing, when built with their PDL constexpr: the boundary's launch latency
+overlaps the previous kernel's tail, and every kernel still sees everything before it
+finished (a kernel's wait returns once the previous kernel has completed, and that one
+waited for its own predecessor first, so the order is transitive).
+
+`USE_PDL` (environment `KVTAX_PDL=0` turns it off) and `KINDS` (which kernel families
+take part; benchmarks/variants.py switches them one at a time) are read at each launch.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+USE_PDL = os.environ.get("KVTAX_PDL", "1").strip().lower() not in ("0", "off", "false")
+# the kernel families launched with PDL when USE_PDL holds
+ALL_KINDS = frozenset({"gemv", "store", "attention", "reduce"})
+KINDS: frozenset[str] = ALL_KINDS
+
+
+@lru_cache(maxsize=None)
+def _sm90(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def enabled(kind: str, t: torch.Tensor, interpreting: bool) -> bool:
+    """Whether a kernel of family `kind` writing or reading `t` launches with PDL: USE_PDL,
+    `kind` in KINDS, a compiled (not interpreted) kernel on an sm_90+ CUDA device."""
+    if kind not in ALL_KINDS:
+        raise ValueError(f"unknown PDL kernel family {kind!r} (one of {sorted(ALL_KINDS)})")
+    if not (USE_PDL and kind in KINDS and t.is_cuda) or interpreting:
+        return False
+    return _sm90(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def launch_options(kind: str, t: torch.Tensor, interpreting: bool) -> dict:
+    """The launch keywords of a kernel whose PDL constexpr is named `PDL`: {} when off."""
+    return {"PDL": True, "launch_pdl": True} if enabled(kind, t, interpreting) else {}
