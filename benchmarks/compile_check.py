@@ -209,18 +209,8 @@ def gemv_cases():
                        x, w, silu_mul=s, config=cfg, **kw))
             if cfg is None:  # the same launch with programmatic dependent launch
                 yield (f"gemv {name} {fusion} default pdl",
-                       lambda x=x, w=w, kw=kw, s=gated: _with_pdl(gm, lambda: gm.gemv(
+                       lambda x=x, w=w, kw=kw, s=gated: _with_all_pdl(lambda: gm.gemv(
                            x, w, silu_mul=s, **kw)))
-
-
-def _with_pdl(gm, fn):  # noqa: ANN001, ANN202
-    """Run fn with the GEMV's PDL launch forced on (CPU tensors: it would be off)."""
-    saved = gm._pdl
-    gm._pdl = lambda x: True
-    try:
-        return fn()
-    finally:
-        gm._pdl = saved
 
 
 def _with_all_pdl(fn):  # noqa: ANN001, ANN202

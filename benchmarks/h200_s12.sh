@@ -4,6 +4,11 @@
 #           store, decode attention, split-KV reduce), then decode.py side by side in one
 #           process: PDL off / GEMVs only (session 11's default) / every kernel, 32k bf16 /
 #           int8 / int4 and 128k int4
+#   balance the GEMV PDL test (fixed), then decode.py at 32k: the attention kernels
+#           launched with PDL or not (pdl.attn=0: they still trigger the reduce early), and
+#           with as many programs per SM as fit (int8 12, bf16 6): an early-launched grid's
+#           programs land where there is room, so a grid sized below the occupancy limit
+#           (int8 8 per SM, bf16 4) can land unevenly
 # Usage: OUT=$OUT bash benchmarks/h200_s12.sh pdl   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +27,12 @@ pdl)
     tests/test_kernels_swap_gpu.py tests/test_gemv_decoder.py
   decode_variants pdl-32k 300 bf16,int8,int4 "pdl.on=0;$GEMV_ONLY;" --contexts 32k
   decode_variants pdl-128k 120 int4 "$GEMV_ONLY;" --contexts 128k
+  ;;
+balance)
+  gpu_tests pdl-tests.log 100 tests/test_gemv.py tests/test_pdl_gpu.py
+  decode_variants bal-bf16 200 bf16 "$GEMV_ONLY;pdl.attn=0;attn.per_sm=6;attn.per_sm=6,pdl.attn=0" --contexts 32k
+  decode_variants bal-int8 200 int8 "$GEMV_ONLY;pdl.attn=0;attn.per_sm=12;attn.per_sm=12,pdl.attn=0" --contexts 32k
+  decode_variants bal-int4 150 int4 "$GEMV_ONLY;pdl.attn=0;" --contexts 32k
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

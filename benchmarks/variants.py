@@ -9,7 +9,8 @@ variant, in one process (the model is built once; each cell captures its own gra
                                   warp_decode_config keyword arguments, forced)
     pdl.on=0,pdl.first=0          programmatic dependent launch (kvtax.pdl) on / off, and
                                   the GEMVs' wait after the first W tile (1) or first thing (0)
-    pdl.attn=0,pdl.store=0        PDL off for one kernel family: gemv, store, attn (the
+    pdl.attn=0,pdl.store=0        one kernel family not launched with PDL (it still lets
+                                  the next kernel launch early): gemv, store, attn (the
                                   decode attention kernels) or reduce (their split-KV merge)
 
 `apply(text, model)` is a context manager; the defaults come back when it exits.

@@ -108,3 +108,15 @@ def test_pdl_is_off_on_cpu_and_names_unknown_families() -> None:
     assert not pdl.enabled("gemv", x, interpreting=True)
     with pytest.raises(ValueError, match="unknown PDL kernel family 'attn'"):
         pdl.enabled("attn", x, interpreting=False)
+
+
+def test_pdl_launch_follows_kinds(monkeypatch) -> None:
+    """Where PDL is built (enabled), every family gets its trigger / wait code (PDL=True)
+    and only the families in KINDS the launch attribute."""
+    from kvtax import pdl
+
+    monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
+    monkeypatch.setattr(pdl, "KINDS", pdl.ALL_KINDS - {"attention"})
+    x = torch.zeros(1)
+    assert pdl.launch_options("attention", x, False) == {"PDL": True, "launch_pdl": False}
+    assert pdl.launch_options("reduce", x, False) == {"PDL": True, "launch_pdl": True}

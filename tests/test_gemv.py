@@ -20,6 +20,7 @@ from tests import gemv_env  # noqa: F401  (builds the kernels interpreted on CPU
 from tests import kernels_env as ke
 from tests.kernels_env import interpret_mode  # noqa: F401 (autouse fixture)
 
+from kvtax import pdl  # noqa: E402
 from kvtax.errors import OptionError, ShapeError  # noqa: E402
 from kvtax.models import gemv as gm  # noqa: E402
 from kvtax.models.gemv import GemvConfig, default_config, gemv, gemv_reference  # noqa: E402

@@ -13,7 +13,10 @@ finished (a kernel's wait returns once the previous kernel has completed, and th
 waited for its own predecessor first, so the order is transitive).
 
 `USE_PDL` (environment `KVTAX_PDL=0` turns it off) and `KINDS` (which kernel families
-take part; benchmarks/variants.py switches them one at a time) are read at each launch.
+are launched with PDL; benchmarks/variants.py switches them one at a time) are read at
+each launch. A family outside KINDS still triggers its dependents and waits (a no-op
+when it was not launched with PDL): it starts only once the kernel before it finished,
+on an idle GPU, while the kernel after it may still start early.
 """
 
 from __future__ import annotations
@@ -35,15 +38,18 @@ def _sm90(index: int) -> bool:
 
 
 def enabled(kind: str, t: torch.Tensor, interpreting: bool) -> bool:
-    """Whether a kernel of family `kind` writing or reading `t` launches with PDL: USE_PDL,
-    `kind` in KINDS, a compiled (not interpreted) kernel on an sm_90+ CUDA device."""
+    """Whether a kernel of family `kind` on `t`'s device builds its PDL code (trigger and
+    wait): USE_PDL, a compiled (not interpreted) kernel on an sm_90+ CUDA device."""
     if kind not in ALL_KINDS:
         raise ValueError(f"unknown PDL kernel family {kind!r} (one of {sorted(ALL_KINDS)})")
-    if not (USE_PDL and kind in KINDS and t.is_cuda) or interpreting:
+    if not (USE_PDL and t.is_cuda) or interpreting:
         return False
     return _sm90(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
 
 def launch_options(kind: str, t: torch.Tensor, interpreting: bool) -> dict:
-    """The launch keywords of a kernel whose PDL constexpr is named `PDL`: {} when off."""
-    return {"PDL": True, "launch_pdl": True} if enabled(kind, t, interpreting) else {}
+    """The launch keywords of a kernel whose PDL constexpr is named `PDL`: {} when off;
+    launch_pdl only for the families in KINDS."""
+    if not enabled(kind, t, interpreting):
+        return {}
+    return {"PDL": True, "launch_pdl": kind in KINDS}

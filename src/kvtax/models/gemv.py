@@ -110,9 +110,10 @@ def _interpreting() -> bool:
     return type(_gemv_kernel).__name__ == "InterpretedFunction"
 
 
-def _pdl(x: torch.Tensor) -> bool:
-    """Launch with programmatic dependent launch (kvtax.pdl: compiled, sm_90+, on)."""
-    return pdl.enabled("gemv", x, _interpreting())
+def _pdl(x: torch.Tensor) -> dict:
+    """The main kernel's programmatic dependent launch keywords (kvtax.pdl; {}: off)."""
+    opts = pdl.launch_options("gemv", x, _interpreting())
+    return {**opts, "PDL_FIRST": PDL_FIRST} if opts else {}
 
 
 def runs_on(device: torch.device) -> bool:
@@ -348,8 +349,7 @@ def _gemv(
     g = norm_weight.contiguous() if norm_weight is not None else x2
     b = bias.contiguous() if bias is not None else x2  # placeholders are never read
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if _pdl(x):
-        opts.update(PDL=True, PDL_FIRST=PDL_FIRST, launch_pdl=True)
+    opts.update(_pdl(x))
     if (rope is not None and config is None and rows == 1 and x.is_cuda
             and cfg.block_n * cfg.block_k <= 8 * 512):
         # Triton 3.6 compiles the RoPE epilogue to 93 registers (sm_90; 3.9: 80, as without
