@@ -214,15 +214,18 @@ def gemv_cases():
 
 
 def _with_all_pdl(fn):  # noqa: ANN001, ANN202
-    """Run fn with every kvtax.pdl launch forced on (CPU tensors: it would be off)."""
+    """Run fn with every kvtax.pdl launch forced on (CPU tensors: it would be off), with
+    the dependents let go first thing and (kvtax.pdl.LATE) at the end."""
     from kvtax import pdl
 
-    saved = pdl.enabled
+    saved = pdl.enabled, pdl.LATE
     pdl.enabled = lambda kind, t, interpreting: True
     try:
+        fn()
+        pdl.LATE = pdl.ALL_KINDS
         return fn()
     finally:
-        pdl.enabled = saved
+        pdl.enabled, pdl.LATE = saved
 
 
 def _resources(kernel) -> str:

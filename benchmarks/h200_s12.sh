@@ -9,6 +9,9 @@
 #           with as many programs per SM as fit (int8 12, bf16 6): an early-launched grid's
 #           programs land where there is room, so a grid sized below the occupancy limit
 #           (int8 8 per SM, bf16 4) can land unevenly
+#   late    the PDL GPU tests (dependents let go first thing and at the end), then decode.py
+#           at 32k, bf16 / int8 / int4: PDL off / GEMVs only / every kernel / the decode
+#           attention kernels (and the reduce) letting the next kernel launch at their end
 # Usage: OUT=$OUT bash benchmarks/h200_s12.sh pdl   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +36,12 @@ balance)
   decode_variants bal-bf16 200 bf16 "$GEMV_ONLY;pdl.attn=0;attn.per_sm=6;attn.per_sm=6,pdl.attn=0" --contexts 32k
   decode_variants bal-int8 200 int8 "$GEMV_ONLY;pdl.attn=0;attn.per_sm=12;attn.per_sm=12,pdl.attn=0" --contexts 32k
   decode_variants bal-int4 150 int4 "$GEMV_ONLY;pdl.attn=0;" --contexts 32k
+  ;;
+late)
+  gpu_tests pdl-tests.log 100 tests/test_pdl_gpu.py tests/test_gemv.py tests/test_bench_variants.py
+  for kv in bf16 int8 int4; do
+    decode_variants late-$kv 200 $kv "pdl.on=0;$GEMV_ONLY;;pdl.attn_late=1;pdl.attn_late=1,pdl.reduce_late=1" --contexts 32k
+  done
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

@@ -12,6 +12,8 @@ variant, in one process (the model is built once; each cell captures its own gra
     pdl.attn=0,pdl.store=0        one kernel family not launched with PDL (it still lets
                                   the next kernel launch early): gemv, store, attn (the
                                   decode attention kernels) or reduce (their split-KV merge)
+    pdl.attn_late=1               that family lets the next kernel launch at its end, not
+                                  first thing (kvtax.pdl.LATE)
 
 `apply(text, model)` is a context manager; the defaults come back when it exits.
 """
@@ -28,6 +30,8 @@ PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
 # kvtax.pdl.KINDS (variant name → family name)
 PDL_FIELDS = {"on": None, "first": None, "gemv": "gemv", "store": "store",
               "attn": "attention", "reduce": "reduce"}
+# pdl.FAMILY_late=1: that family lets the next kernel launch at its end (kvtax.pdl.LATE)
+LATE_FIELDS = {f"{k}_late": v for k, v in PDL_FIELDS.items() if v}
 
 
 def parse(text: str) -> dict[str, dict[str, int]]:
@@ -43,14 +47,15 @@ def parse(text: str) -> dict[str, dict[str, int]]:
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, _, value = item.partition("=")
         scope, _, field = key.partition(".")
-        fields = {"attn": attn_fields, "pdl": set(PDL_FIELDS)}.get(scope, gemv_fields)
+        fields = {"attn": attn_fields, "pdl": {*PDL_FIELDS, *LATE_FIELDS}}.get(scope,
+                                                                              gemv_fields)
         if scope not in ("gemv", "attn", "pdl", *PROJECTIONS) or field not in fields or \
                 not value.isdigit():
             raise SystemExit(
                 f"variant item {item!r} is not SCOPE.FIELD=INT: SCOPE gemv / "
                 f"{' / '.join(PROJECTIONS)} with FIELD in {sorted(gemv_fields)}, attn with "
                 f"FIELD in {sorted(attn_fields)}, or pdl.FIELD with FIELD in "
-                f"{sorted(PDL_FIELDS)}")
+                f"{sorted({*PDL_FIELDS, *LATE_FIELDS})}")
         out.setdefault(scope, {})[field] = int(value)
     return out
 
@@ -74,7 +79,7 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
 
     spec = parse(text)
     saved = (gm.default_config, ta.swap_decode_config, ta.warp_decode_config)
-    saved_pdl = kp.USE_PDL, kp.KINDS, gm.PDL_FIRST
+    saved_pdl = kp.USE_PDL, kp.KINDS, kp.LATE, gm.PDL_FIRST
     keys = _projection_keys(model)
     base_gemv, base_swap, base_warp = saved
 
@@ -94,13 +99,14 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
         pdl = spec.get("pdl", {})
         kp.USE_PDL = bool(pdl.get("on", kp.USE_PDL))
         gm.PDL_FIRST = bool(pdl.get("first", gm.PDL_FIRST))
-        off = {PDL_FIELDS[f] for f, v in pdl.items() if PDL_FIELDS[f] and not v}
-        on = {PDL_FIELDS[f] for f, v in pdl.items() if PDL_FIELDS[f] and v}
-        kp.KINDS = frozenset((kp.KINDS | on) - off)
+        for names, attr in ((PDL_FIELDS, "KINDS"), (LATE_FIELDS, "LATE")):
+            off = {names[f] for f, v in pdl.items() if names.get(f) and not v}
+            on = {names[f] for f, v in pdl.items() if names.get(f) and v}
+            setattr(kp, attr, frozenset((getattr(kp, attr) | on) - off))
         if "attn" in spec:
             ta.swap_decode_config, ta.warp_decode_config = forced(base_swap), forced(base_warp)
         yield
     finally:
         gm.default_config, ta.swap_decode_config, ta.warp_decode_config = saved
-        kp.USE_PDL, kp.KINDS, gm.PDL_FIRST = saved_pdl
+        kp.USE_PDL, kp.KINDS, kp.LATE, gm.PDL_FIRST = saved_pdl
         ta._OP_CONFIGS.clear()

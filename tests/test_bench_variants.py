@@ -87,15 +87,16 @@ def test_apply_switches_pdl_families_then_restores(variants, model) -> None:
     pdl.on the global switch; all of it comes back afterwards."""
     from kvtax import pdl
 
-    saved = (pdl.USE_PDL, pdl.KINDS, gm.PDL_FIRST)
-    with variants.apply("pdl.attn=0,pdl.reduce=0,pdl.first=1", model):
+    saved = (pdl.USE_PDL, pdl.KINDS, pdl.LATE, gm.PDL_FIRST)
+    with variants.apply("pdl.attn=0,pdl.reduce=0,pdl.first=1,pdl.store_late=1", model):
         assert pdl.KINDS == pdl.ALL_KINDS - {"attention", "reduce"}
+        assert "store" in pdl.LATE
         assert gm.PDL_FIRST is True
         with variants.apply("pdl.on=0,pdl.reduce=1", model):
             assert pdl.USE_PDL is False and "reduce" in pdl.KINDS
             assert "attention" not in pdl.KINDS
         assert pdl.KINDS == pdl.ALL_KINDS - {"attention", "reduce"}
-    assert (pdl.USE_PDL, pdl.KINDS, gm.PDL_FIRST) == saved
+    assert (pdl.USE_PDL, pdl.KINDS, pdl.LATE, gm.PDL_FIRST) == saved
     with pytest.raises(SystemExit, match="pdl.FIELD"):
         variants.parse("pdl.bogus=1")
 
@@ -118,5 +119,8 @@ def test_pdl_launch_follows_kinds(monkeypatch) -> None:
     monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
     monkeypatch.setattr(pdl, "KINDS", pdl.ALL_KINDS - {"attention"})
     x = torch.zeros(1)
-    assert pdl.launch_options("attention", x, False) == {"PDL": True, "launch_pdl": False}
-    assert pdl.launch_options("reduce", x, False) == {"PDL": True, "launch_pdl": True}
+    monkeypatch.setattr(pdl, "LATE", frozenset({"reduce"}))
+    assert pdl.launch_options("attention", x, False) == {
+        "PDL": True, "PDL_LATE": False, "launch_pdl": False}
+    assert pdl.launch_options("reduce", x, False) == {
+        "PDL": True, "PDL_LATE": True, "launch_pdl": True}

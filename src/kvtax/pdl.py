@@ -6,11 +6,12 @@ KERNELS.md, session 11). Launched with PDL (`launch_pdl=True`, sm_90+), a kernel
 start while the one before it still runs, once every program of that one has executed
 `griddepcontrol.launch_dependents`; it must then execute `griddepcontrol.wait` before it
 touches memory the kernels before it write. kvtax's decode-step kernels (the fused
-GEMVs, the cache store, the decode attention kernels and their split-KV reduce) all do
-both first thing, when built with their PDL constexpr: the boundary's launch latency
-overlaps the previous kernel's tail, and every kernel still sees everything before it
-finished (a kernel's wait returns once the previous kernel has completed, and that one
-waited for its own predecessor first, so the order is transitive).
+GEMVs, the cache store, the decode attention kernels and their split-KV reduce) all wait
+first thing and trigger first thing (or, for the families in LATE, at their end), when
+built with their PDL constexprs: the boundary's launch latency overlaps the previous
+kernel's tail, and every kernel still sees everything before it finished (a kernel's
+wait returns once the previous kernel has completed, and that one waited for its own
+predecessor first, so the order is transitive).
 
 `USE_PDL` (environment `KVTAX_PDL=0` turns it off) and `KINDS` (which kernel families
 are launched with PDL; benchmarks/variants.py switches them one at a time) are read at
@@ -30,6 +31,8 @@ USE_PDL = os.environ.get("KVTAX_PDL", "1").strip().lower() not in ("0", "off", "
 # the kernel families launched with PDL when USE_PDL holds
 ALL_KINDS = frozenset({"gemv", "store", "attention", "reduce"})
 KINDS: frozenset[str] = ALL_KINDS
+# the families that let the next kernel launch at their end rather than first thing
+LATE: frozenset[str] = frozenset()
 
 
 @lru_cache(maxsize=None)
@@ -48,8 +51,8 @@ def enabled(kind: str, t: torch.Tensor, interpreting: bool) -> bool:
 
 
 def launch_options(kind: str, t: torch.Tensor, interpreting: bool) -> dict:
-    """The launch keywords of a kernel whose PDL constexpr is named `PDL`: {} when off;
-    launch_pdl only for the families in KINDS."""
+    """The launch keywords of a kernel whose PDL constexprs are named `PDL`, `PDL_LATE`:
+    {} when off; launch_pdl only for the families in KINDS, PDL_LATE for those in LATE."""
     if not enabled(kind, t, interpreting):
         return {}
-    return {"PDL": True, "launch_pdl": kind in KINDS}
+    return {"PDL": True, "PDL_LATE": kind in LATE, "launch_pdl": kind in KINDS}

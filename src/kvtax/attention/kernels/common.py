@@ -13,13 +13,23 @@ from kvtax.attention.kernels.dequant import code_offset, load_codes, load_kv_til
 
 
 @triton.jit
-def pdl_enter(PDL: tl.constexpr):
-    """With PDL (the launch used launch_pdl; kvtax.pdl): let the next kernel launch, then
+def pdl_enter(PDL: tl.constexpr, LATE: tl.constexpr):
+    """With PDL (kvtax.pdl): let the next kernel launch (unless LATE: see pdl_exit), then
     wait for the kernels before this one to finish, before any memory access (they wrote
     q, the new K/V slot, the length; and read the partials this kernel overwrites)."""
     if PDL:
-        gdc_launch_dependents()
+        if not LATE:
+            gdc_launch_dependents()
         gdc_wait()
+
+
+@triton.jit
+def pdl_exit(PDL: tl.constexpr, LATE: tl.constexpr):
+    """With PDL and LATE: let the next kernel launch once this program's work is done (its
+    programs then wait beside this kernel's last ones only, not beside all of them)."""
+    if PDL:
+        if LATE:
+            gdc_launch_dependents()
 
 
 @triton.jit

@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels.common import (
-    attn_step, head_pointers, load_queries, pdl_enter, sequence_of, split_range, tile_meta,
+    attn_step, head_pointers, load_queries, pdl_enter, pdl_exit, sequence_of, split_range,
+    tile_meta,
 )
 
 
@@ -36,9 +37,9 @@ def _decode_attn_split_kernel(
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
     F16_MATH: tl.constexpr, HAS_KV_START: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
-    pdl_enter(PDL)
+    pdl_enter(PDL, PDL_LATE)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(
@@ -89,3 +90,4 @@ def _decode_attn_split_kernel(
     m_q = m_row[:, None] & (o_d < DH)[None, :]
     tl.store(p_o + o_d[None, :], acc_lo, mask=m_q)
     tl.store(p_o + (o_d + DH)[None, :], acc_hi, mask=m_q)
+    pdl_exit(PDL, PDL_LATE)

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels import swap_asm
-from kvtax.attention.kernels.common import _tanh, pdl_enter, sequence_of
+from kvtax.attention.kernels.common import _tanh, pdl_enter, pdl_exit, sequence_of
 
 # PTX in swap_asm.py (shared with decode_swap_gluon.py)
 _X8_ASM = tl.constexpr(swap_asm.X8)
@@ -299,11 +299,11 @@ def _decode_swap_kernel(
     G: tl.constexpr, HEAD_DIM: tl.constexpr,
     K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_LENS: tl.constexpr, ASM: tl.constexpr,
-    LAZY: tl.constexpr = False, PDL: tl.constexpr = False,
+    LAZY: tl.constexpr = False, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. Writes PartO [B*H_kv, S, R, D], PartM / PartL
     [B*H_kv, S, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator."""
-    pdl_enter(PDL)
+    pdl_enter(PDL, PDL_LATE)
     DH: tl.constexpr = HEAD_DIM // 2
     DQ: tl.constexpr = HEAD_DIM // 4
     BN: tl.constexpr = 32
@@ -396,3 +396,4 @@ def _decode_swap_kernel(
     tl.store(p_o + 1, _fold(acc_b * t_v + bl, w, DQ), mask=m_o)
     tl.store(p_o + DH, _fold(acc_c * t_v + bh, w, DQ), mask=m_o)
     tl.store(p_o + DH + 1, _fold(acc_d * t_v + bh, w, DQ), mask=m_o)
+    pdl_exit(PDL, PDL_LATE)

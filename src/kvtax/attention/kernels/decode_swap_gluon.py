@@ -43,14 +43,34 @@ _X4_PAIRS_ASM = gl.constexpr(swap_asm.X4_PAIRS)
 
 
 @gluon.jit
-def _pdl_enter(PDL: gl.constexpr):
-    """common.pdl_enter in Gluon: griddepcontrol through inline PTX, as
-    triton.language.extra.cuda's gdc_* (which are not Gluon builtins) emit it."""
+def _gdc_launch_dependents():
+    """griddepcontrol through inline PTX, as triton.language.extra.cuda's gdc_* emit it
+    (those are not Gluon builtins)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_wait():
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pdl_enter(PDL: gl.constexpr, LATE: gl.constexpr):
+    """common.pdl_enter in Gluon."""
     if PDL:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                                  dtype=gl.int32, is_pure=False, pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [],
-                                  dtype=gl.int32, is_pure=False, pack=1)
+        if not LATE:
+            _gdc_launch_dependents()
+        _gdc_wait()
+
+
+@gluon.jit
+def _pdl_exit(PDL: gl.constexpr, LATE: gl.constexpr):
+    """common.pdl_exit in Gluon."""
+    if PDL:
+        if LATE:
+            _gdc_launch_dependents()
 
 
 @gluon.jit
@@ -128,13 +148,13 @@ def _decode_swap_gluon_kernel(
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
     INT4: gl.constexpr, HAS_LENS: gl.constexpr, LAZY: gl.constexpr = False,
-    PDL: gl.constexpr = False,
+    PDL: gl.constexpr = False, PDL_LATE: gl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
     ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT).
     Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4)."""
-    _pdl_enter(PDL)
+    _pdl_enter(PDL, PDL_LATE)
     SUB: gl.constexpr = 16
     BN: gl.constexpr = 32
     NC: gl.constexpr = 8
@@ -388,3 +408,4 @@ def _decode_swap_gluon_kernel(
     gl.store(po + 1, _fold_streams((acc_o_lo * t_v + bl) * ww, PH, st_l), mask=mo)
     gl.store(po + DH, _fold_streams((acc_e_hi * t_v + bh) * ww, PH, st_l), mask=mo)
     gl.store(po + DH + 1, _fold_streams((acc_o_hi * t_v + bh) * ww, PH, st_l), mask=mo)
+    _pdl_exit(PDL, PDL_LATE)

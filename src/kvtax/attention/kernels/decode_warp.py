@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels.common import (
-    _dot_acc, _tanh, head_pointers, pdl_enter, sequence_of, split_range, visible,
+    _dot_acc, _tanh, head_pointers, pdl_enter, pdl_exit, sequence_of, split_range, visible,
 )
 
 
@@ -417,8 +417,9 @@ def _decode_warp_kernel(
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
     LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True, PDL: tl.constexpr = False,
+    PDL_LATE: tl.constexpr = False,
 ):
-    pdl_enter(PDL)
+    pdl_enter(PDL, PDL_LATE)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(
@@ -536,3 +537,4 @@ def _decode_warp_kernel(
             acc_hi = acc_hi * t_v + bias_hi[:, None]
         tl.store(p_o + o_d[None, :], acc_lo, mask=m_row[:, None])
         tl.store(p_o + (o_d + DH)[None, :], acc_hi, mask=m_row[:, None])
+    pdl_exit(PDL, PDL_LATE)

@@ -116,7 +116,7 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0, PDL: tl.constexpr = False,
-    PDL_FIRST: tl.constexpr = False,
+    PDL_FIRST: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -130,7 +130,8 @@ def _gemv_kernel(
     docstring (the wait sits between the first step's W loads and its x loads).
     """
     if PDL:
-        gdc_launch_dependents()
+        if not PDL_LATE:  # PDL_LATE: at the end (kvtax.pdl)
+            gdc_launch_dependents()
         if not PDL_FIRST:  # wait before any load (no W tile held across the wait)
             gdc_wait()
     pid_n = tl.program_id(0)
@@ -215,6 +216,9 @@ def _gemv_kernel(
     if ROWS > 3:
         _finish_row(acc3, up3, ss3, 3, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
                     stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
+    if PDL:
+        if PDL_LATE:
+            gdc_launch_dependents()
 
 
 @triton.jit
