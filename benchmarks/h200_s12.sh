@@ -12,6 +12,11 @@
 #   late    the PDL GPU tests (dependents let go first thing and at the end), then decode.py
 #           at 32k, bf16 / int8 / int4: PDL off / GEMVs only / every kernel / the decode
 #           attention kernels (and the reduce) letting the next kernel launch at their end
+#   record  GPU tests with the per-kernel PDL defaults (swap_decode_config / warp_decode_
+#           config: int4 launched early, letting go first thing; int8 launched early,
+#           letting go at its end; bf16 (decode_warp) launched normally, letting go at its
+#           end), bf16 at 32k against its alternatives, then issue 4's benchmark at 32k /
+#           64k / 128k, bf16 / int8 / int4, profiled
 # Usage: OUT=$OUT bash benchmarks/h200_s12.sh pdl   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +47,14 @@ late)
   for kv in bf16 int8 int4; do
     decode_variants late-$kv 200 $kv "pdl.on=0;$GEMV_ONLY;;pdl.attn_late=1;pdl.attn_late=1,pdl.reduce_late=1" --contexts 32k
   done
+  ;;
+record)
+  gpu_tests pdl-tests.log 200 tests/test_pdl_gpu.py tests/test_gemv.py tests/test_runner.py \
+    tests/test_kernels_swap_gpu.py tests/test_gemv_decoder.py
+  decode_variants rec-bf16 150 bf16 ";attn.pdl_launch=1;attn.pdl_late=0;$GEMV_ONLY" --contexts 32k
+  timeout 300 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
+    --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" > "$R/decode.log" 2>&1
+  grep -E "^\||^#" "$R/decode.log"
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

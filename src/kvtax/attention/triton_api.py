@@ -68,12 +68,21 @@ class LaunchConfig:
     v_pairs: bool = True  # warp decode: int8/int4 V read as uint16 pairs where possible
     lazy: bool = True  # warp decode: rescale only when the max grows by > 2^8 (a branch)
     strided: bool = True  # warp decode: split s takes every S-th tile (False: one run)
+    # decode under programmatic dependent launch (kvtax.pdl): launch early (while the
+    # kernel before runs), and let the reduce launch at this kernel's end, not first thing
+    pdl_launch: bool = True
+    pdl_late: bool = False
 
 
-def _pdl(kind: str, q: torch.Tensor) -> dict:
+def _pdl(kind: str, q: torch.Tensor, cfg: LaunchConfig | None = None) -> dict:
     """Launch keywords for programmatic dependent launch (kvtax.pdl): the decode kernels'
-    and the reduce's PDL constexpr (wait first thing) and launch_pdl; {} when off."""
-    return pdl.launch_options(kind, q, _interpreting())
+    and the reduce's PDL / PDL_LATE constexprs and launch_pdl; {} when off. A decode
+    kernel's config narrows them (`pdl_launch`, `pdl_late`; see swap_decode_config)."""
+    opts = pdl.launch_options(kind, q, _interpreting())
+    if opts and cfg is not None:
+        opts["launch_pdl"] = opts["launch_pdl"] and cfg.pdl_launch
+        opts["PDL_LATE"] = opts["PDL_LATE"] or cfg.pdl_late
+    return opts
 
 
 def _interpreting() -> bool:
@@ -180,24 +189,27 @@ def warp_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     block_n: int = 32, per_sm: int = 8, num_stages: int = 3, num_warps: int = 1,
     maxnreg: int | None = None, v_pairs: bool = True, lazy: bool = True,
-    strided: bool = True,
+    strided: bool = True, pdl_launch: bool = False, pdl_late: bool = True,
 ) -> LaunchConfig:
     """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
     wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
-    128k, notes/KERNELS.md); splits of >= 4 tiles."""
+    128k, notes/KERNELS.md); splits of >= 4 tiles. `pdl_launch` / `pdl_late`: see
+    swap_decode_config (bf16 at 32k in the model, H200, session 12: PDL on every kernel
+    5.425 ms per token, the reduce let go at this kernel's end 5.218, GEMVs only 5.092)."""
     bh = q.shape[0] * view.num_kv_heads
     tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
     # rounded down: a few programs past per_sm x SMs would run as a second, nearly empty wave
     want = max(1, per_sm * _sm_count(q.device) // bh)
     splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
     return LaunchConfig("decode", 16, block_n, num_warps, num_stages, splits, kernel="warp",
-                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided)
+                        maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided,
+                        pdl_launch=pdl_launch, pdl_late=pdl_late)
 
 
 def swap_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     per_sm: int | None = None, num_stages: int = 2, lazy: bool = True,
-    maxnreg: int | None = None,
+    maxnreg: int | None = None, pdl_launch: bool = True, pdl_late: bool | None = None,
 ) -> LaunchConfig:
     """decode_swap's launch: one warp per program, 32-slot steps, two stages,
     `per_sm` programs per SM: 12 for int4 K and V, else 8 (the Gluon kernel's best on the
@@ -206,16 +218,27 @@ def swap_decode_config(
     a score or V scale outgrows the running reference (one warp-wide max per step instead
     of the column max, the V-scale max and the accumulator rescale; H200 at 128k, session
     10: int8 0.082 vs 0.083 ms, int4 0.055 vs 0.057). `maxnreg`: the Gluon kernel's
-    register cap (a sweep knob; 64-slot steps measured no faster, notes/KERNELS.md)."""
+    register cap (a sweep knob; 64-slot steps measured no faster, notes/KERNELS.md).
+
+    Under programmatic dependent launch (kvtax.pdl), `pdl_launch`: this kernel may start
+    while the one before it runs; `pdl_late`: it lets the reduce (and through it the next
+    GEMV) launch at its end rather than first thing. Default (None): late unless 12 per
+    SM, the most the Gluon kernel's registers allow: the next kernels' programs, launched
+    early, wait resident beside this kernel's wherever there is room, and there they cost
+    it time (H200, Llama-3.1-8B at 32k, session 12: int8 at 8 per SM 4.923 ms per token
+    letting go first thing, 4.657 at the end, 4.682 with PDL on the GEMVs only; int4 at
+    12 per SM 4.437 first thing, 4.469 at the end)."""
     if per_sm is None:
         int4 = all(_is_int4(f) for f in (view.spec.key, view.spec.value))
         per_sm = 12 if int4 else 8
+    if pdl_late is None:
+        pdl_late = per_sm < 12
     bh = q.shape[0] * view.num_kv_heads
     steps = triton.cdiv(max(_max_slots(view, lengths), 1), 32)
     want = max(1, per_sm * _sm_count(q.device) // bh)
     splits = max(1, min(want, triton.cdiv(steps, 4), 1024))
     return LaunchConfig("decode", 16, 32, 1, num_stages, splits, kernel="swap", lazy=lazy,
-                        maxnreg=maxnreg)
+                        maxnreg=maxnreg, pdl_launch=pdl_launch, pdl_late=pdl_late)
 
 
 def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
@@ -623,12 +646,12 @@ def _triton_attention(
         _decode_warp_kernel[(b * h_kv, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
             *q.stride(), *strides, **masks, HAS_MIN_DIST=common["HAS_MIN_DIST"],
-            **_warp_args(view, q.dtype, cfg, common), **_pdl("attention", q),
+            **_warp_args(view, q.dtype, cfg, common), **_pdl("attention", q, cfg),
         )
     else:
         _decode_attn_split_kernel[(b * h_kv, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
-            *q.stride(), *strides, **masks, **common, **_pdl("attention", q),
+            *q.stride(), *strides, **masks, **common, **_pdl("attention", q, cfg),
         )
     splits_pad = triton.next_power_of_2(splits)
     d_block = min(32, triton.next_power_of_2(d))
@@ -653,7 +676,7 @@ def _launch_swap_triton(q, view, part_o, part_m, part_l, cache_args, length_host
         G=q.shape[1] // h_kv, HEAD_DIM=d, K_FMT=k_fmt, K_NG=d // view.spec.key.group_size,
         V_FMT=v_fmt, V_NG=d // view.spec.value.group_size, SOFTCAP=bool(softcap),
         HAS_LENS=lengths is not None, ASM=not _interpreting(), LAZY=cfg.lazy, num_warps=1,
-        num_stages=cfg.num_stages, **_pdl("attention", q),
+        num_stages=cfg.num_stages, **_pdl("attention", q, cfg),
     )
 
 
@@ -677,7 +700,7 @@ def _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, split
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
         INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, LAZY=cfg.lazy,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
-        **_pdl("attention", q),
+        **_pdl("attention", q, cfg),
     )
 
 
