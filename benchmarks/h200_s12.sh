@@ -17,6 +17,8 @@
 #           letting go at its end; bf16 (decode_warp) launched normally, letting go at its
 #           end), bf16 at 32k against its alternatives, then issue 4's benchmark at 32k /
 #           64k / 128k, bf16 / int8 / int4, profiled
+#   final   issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, each cell with the
+#           defaults and with PDL off (pdl.on=0), side by side in one process
 # Usage: OUT=$OUT bash benchmarks/h200_s12.sh pdl   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +56,12 @@ record)
   decode_variants rec-bf16 150 bf16 ";attn.pdl_launch=1;attn.pdl_late=0;$GEMV_ONLY" --contexts 32k
   timeout 300 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
     --compile on --tokens 32 --warmup 4 --profile 2 --out "$R/decode.json" > "$R/decode.log" 2>&1
+  grep -E "^\||^#" "$R/decode.log"
+  ;;
+final)
+  timeout 400 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
+    --compile on --tokens 32 --warmup 4 --variants ";pdl.on=0" --out "$R/decode.json" \
+    > "$R/decode.log" 2>&1
   grep -E "^\||^#" "$R/decode.log"
   ;;
 *) echo "unknown case $what"; exit 2 ;;
