@@ -19,6 +19,8 @@
 #           64k / 128k, bf16 / int8 / int4, profiled
 #   final   issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, each cell with the
 #           defaults and with PDL off (pdl.on=0), side by side in one process
+#   int8    int8 at 32k / 128k: the swap kernel below 12 per SM launched normally (the new
+#           default) / launched early (attn.pdl_launch=1) / PDL off
 # Usage: OUT=$OUT bash benchmarks/h200_s12.sh pdl   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +65,12 @@ final)
     --compile on --tokens 32 --warmup 4 --variants ";pdl.on=0" --out "$R/decode.json" \
     > "$R/decode.log" 2>&1
   grep -E "^\||^#" "$R/decode.log"
+  ;;
+int8)
+  timeout 300 python3 benchmarks/decode.py --contexts 32k,128k --kv int8 \
+    --compile on --tokens 32 --warmup 4 --variants ";attn.pdl_launch=1;pdl.on=0" \
+    --out "$R/int8.json" > "$R/int8.log" 2>&1
+  grep -E "^\||^#" "$R/int8.log"
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

@@ -209,7 +209,7 @@ def warp_decode_config(
 def swap_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     per_sm: int | None = None, num_stages: int = 2, lazy: bool = True,
-    maxnreg: int | None = None, pdl_launch: bool = True, pdl_late: bool | None = None,
+    maxnreg: int | None = None, pdl_launch: bool | None = None, pdl_late: bool | None = None,
 ) -> LaunchConfig:
     """decode_swap's launch: one warp per program, 32-slot steps, two stages,
     `per_sm` programs per SM: 12 for int4 K and V, else 8 (the Gluon kernel's best on the
@@ -222,15 +222,20 @@ def swap_decode_config(
 
     Under programmatic dependent launch (kvtax.pdl), `pdl_launch`: this kernel may start
     while the one before it runs; `pdl_late`: it lets the reduce (and through it the next
-    GEMV) launch at its end rather than first thing. Default (None): late unless 12 per
-    SM, the most the Gluon kernel's registers allow: the next kernels' programs, launched
-    early, wait resident beside this kernel's wherever there is room, and there they cost
-    it time (H200, Llama-3.1-8B at 32k, session 12: int8 at 8 per SM 4.923 ms per token
-    letting go first thing, 4.657 at the end, 4.682 with PDL on the GEMVs only; int4 at
-    12 per SM 4.437 first thing, 4.469 at the end)."""
+    GEMV) launch at its end rather than first thing. Default (None): both early at 12
+    per SM, the most the Gluon kernel's registers allow, else a normal launch letting go
+    at the end. Below that limit, programs launched early land wherever there is room
+    (unevenly: some SMs get more of this kernel's work), and the next kernels' programs,
+    launched early, wait resident beside this kernel's and cost it time (H200, Llama-3.1-
+    8B, session 12: int8 at 8 per SM, 32k: 4.923 ms per token launched early letting go
+    first thing, 4.657 letting go at the end, 4.682 with PDL on the GEMVs only; 128k:
+    6.510 launched early, 6.406 without PDL; int4 at 12 per SM, 32k: 4.437 first thing,
+    4.469 at the end)."""
     if per_sm is None:
         int4 = all(_is_int4(f) for f in (view.spec.key, view.spec.value))
         per_sm = 12 if int4 else 8
+    if pdl_launch is None:
+        pdl_launch = per_sm >= 12
     if pdl_late is None:
         pdl_late = per_sm < 12
     bh = q.shape[0] * view.num_kv_heads
