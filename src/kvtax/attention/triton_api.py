@@ -224,9 +224,9 @@ def swap_decode_config(
     while the one before it runs; `pdl_late`: it lets the reduce (and through it the next
     GEMV) launch at its end rather than first thing. Default (None): both early at 12
     per SM, the most the Gluon kernel's registers allow, else a normal launch letting go
-    at the end. Below that limit, programs launched early land wherever there is room
-    (unevenly: some SMs get more of this kernel's work), and the next kernels' programs,
-    launched early, wait resident beside this kernel's and cost it time (H200, Llama-3.1-
+    at the end. The likely reason (docs/BENCHMARKS.md, session 12): below that limit,
+    programs launched early land unevenly, and the next kernels' programs, launched
+    early, wait resident beside this kernel's and cost it time (H200, Llama-3.1-
     8B, session 12: int8 at 8 per SM, 32k: 4.923 ms per token launched early letting go
     first thing, 4.657 letting go at the end, 4.682 with PDL on the GEMVs only; 128k:
     6.510 launched early, 6.406 without PDL; int4 at 12 per SM, 32k: 4.437 first thing,
