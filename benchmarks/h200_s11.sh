@@ -21,12 +21,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH
 what=${1:?what}; shift
-decode_variants() {  # decode_variants TAG SECONDS KV VARIANTS [decode.py args...]
-  local tag=$1 secs=$2 kv=$3 vs=$4; shift 4
-  timeout "$secs" python3 benchmarks/decode.py --kv "$kv" --compile on --tokens 32 \
-    --warmup 4 --profile 2 --variants "$vs" --out "$R/$tag.json" "$@" > "$R/$tag.log" 2>&1
-  echo "== $tag"; grep -E "^ctx|^#|Error" "$R/$tag.log" | cut -c1-400
-}
 # one variant per probe: every projection changed at once (the profile times each apart)
 G1="qkv.num_warps=8,qkv.block_k=1024,o.block_k=1024,down.block_k=1024,gate_up.num_warps=8"
 G2="qkv.block_n=4,qkv.block_k=1024,o.block_n=2,o.block_k=1024,down.block_n=2,down.block_k=2048,gate_up.block_n=2,gate_up.block_k=2048"

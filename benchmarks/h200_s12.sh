@@ -24,14 +24,8 @@
 # Usage: OUT=$OUT bash benchmarks/h200_s12.sh pdl   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH, gpu_tests
+source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH, gpu_tests, decode_variants
 what=${1:?what}; shift
-decode_variants() {  # decode_variants TAG SECONDS KV VARIANTS [decode.py args...]
-  local tag=$1 secs=$2 kv=$3 vs=$4; shift 4
-  timeout "$secs" python3 benchmarks/decode.py --kv "$kv" --compile on --tokens 32 \
-    --warmup 4 --profile 2 --variants "$vs" --out "$R/$tag.json" "$@" > "$R/$tag.log" 2>&1
-  echo "== $tag"; grep -E "^\||^#|Error" "$R/$tag.log" | cut -c1-200
-}
 GEMV_ONLY="pdl.store=0,pdl.attn=0,pdl.reduce=0"
 case $what in
 pdl)
