@@ -69,9 +69,11 @@ class LaunchConfig:
     lazy: bool = True  # warp decode: rescale only when the max grows by > 2^8 (a branch)
     strided: bool = True  # warp decode: split s takes every S-th tile (False: one run)
     # decode under programmatic dependent launch (kvtax.pdl): launch early (while the
-    # kernel before runs), and let the reduce launch at this kernel's end, not first thing
-    pdl_launch: bool = True
-    pdl_late: bool = False
+    # kernel before runs); let the reduce launch at this kernel's end, not first thing.
+    # The default is the placement measured best for grids below the SMs' occupancy
+    # limit (swap_decode_config); int4's full grid opts into the early one.
+    pdl_launch: bool = False
+    pdl_late: bool = True
 
 
 def _pdl(kind: str, q: torch.Tensor, cfg: LaunchConfig | None = None) -> dict:
@@ -194,8 +196,9 @@ def warp_decode_config(
     """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
     wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
     128k, notes/KERNELS.md); splits of >= 4 tiles. `pdl_launch` / `pdl_late`: see
-    swap_decode_config (bf16 at 32k in the model, H200, session 12: PDL on every kernel
-    5.425 ms per token, the reduce let go at this kernel's end 5.218, GEMVs only 5.092)."""
+    swap_decode_config (bf16 at 32k in the model, H200, session 12 call 4: a normal launch
+    letting go at the end 5.163 ms per token, launched early 5.403, letting go first
+    thing 5.430, PDL on the GEMVs only 5.199)."""
     bh = q.shape[0] * view.num_kv_heads
     tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
     # rounded down: a few programs past per_sm x SMs would run as a second, nearly empty wave
