@@ -238,6 +238,94 @@ def test_rope_bad_input():
         print(what, "raised")
 
 
+def _kv_cache(spec, k, v):
+    """A one-sequence FullCache of 12 slots holding prompt k, v (the fused store on CPU
+    too: interpreted), so its kv_target is available."""
+    cache = ke.FullCache(spec, capacity=12)
+    cache.fused_store = True
+    cache.append(k, v)
+    return cache
+
+
+@pytest.mark.parametrize("spec", ["bf16", "int8", "int4", "fp8", "k8v4", "int4-g16"])
+@pytest.mark.parametrize("block_n", [8, 32])
+def test_kv_store_writes_what_the_store_kernel_writes(spec, block_n):
+    """The qkv GEMV with kv_store: its output equals the plain GEMV's, and the cache holds,
+    byte for byte, what the cache store kernel writes from that output's K / V rows
+    (4 q heads, 2 KV heads of 64; every program of a head counts itself, the last one
+    stores the row); the counters are left at zero for the next call."""
+    d, hq, hkv, dtype = 64, 4, 2, torch.bfloat16
+    n, rot = (hq + 2 * hkv) * d, (hq + hkv) * d
+    x, w, g, _ = _inputs(1, n, 96, dtype, seed=5, norm=True, lead=(1, 1))
+    cos, sin = _rope(1, d, dtype, seed=1)
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randn(1, hkv, 5, d, generator=gen).to(DEVICE, dtype)
+    fused, plain = _kv_cache(spec, prompt, prompt), _kv_cache(spec, prompt, prompt)
+    pos = torch.tensor([5], device=DEVICE)
+    cfg = GemvConfig(block_n=block_n, block_k=32)
+    target = fused.kv_target(pos)
+    assert target is not None and target.counters.tolist() == [0] * (2 * hkv)
+    got = gemv(x, w, norm_weight=g, rope=(cos, sin, rot), config=cfg, kv_store=target)
+    want = gemv(x, w, norm_weight=g, rope=(cos, sin, rot), config=cfg)
+    assert torch.equal(got, want)
+    k = want[0, :, hq * d:rot].reshape(1, 1, hkv, d).transpose(1, 2)
+    v = want[0, :, rot:].reshape(1, 1, hkv, d).transpose(1, 2)
+    plain.write_at(k.contiguous(), v.contiguous(), pos)
+    for a, b in zip((*fused.store.k, *fused.store.v), (*plain.store.k, *plain.store.v)):
+        if a is not None:
+            # slots 0..5 (the prompt's and the new one; the rest was never written)
+            assert torch.equal(a[:, :, :6].view(torch.uint8), b[:, :, :6].view(torch.uint8))
+    assert target.counters.tolist() == [0] * (2 * hkv)
+    slot = fused.store.k.codes[0, :, 5]
+    assert slot.view(torch.uint8).any(), "the new slot was written"
+
+
+def test_kv_store_compiles_without_graph_break():
+    """torch.compile traces gemv with kv_store as one custom op (kvtax::gemv_kv_store,
+    the storage and counters written in place) with fullgraph=True, and the compiled call
+    writes what the eager one writes."""
+    d, hq, hkv, dtype = 64, 2, 1, torch.float16
+    n, rot = (hq + 2 * hkv) * d, (hq + hkv) * d
+    x, w, g, _ = _inputs(1, n, 64, dtype, seed=7, norm=True, lead=(1, 1))
+    cos, sin = _rope(1, d, dtype, seed=3)
+    prompt = torch.randn(1, hkv, 4, d, generator=torch.Generator().manual_seed(4))
+    eager, traced = (_kv_cache("int4", prompt.to(DEVICE, dtype), prompt.to(DEVICE, dtype))
+                     for _ in range(2))
+    pos = torch.tensor([4], device=DEVICE)
+
+    def step(x, cache, pos):
+        return gemv(x, w, norm_weight=g, rope=(cos, sin, rot), kv_store=cache.kv_target(pos))
+
+    want = step(x, eager, pos)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend="aot_eager", fullgraph=True, dynamic=False)(x, traced, pos)
+    assert torch.equal(got, want)
+    for a, b in zip((*eager.store.k, *eager.store.v), (*traced.store.k, *traced.store.v)):
+        assert torch.equal(a[:, :, :5], b[:, :, :5])
+    assert traced.kv_target(pos).counters.tolist() == [0, 0]
+
+
+def test_kv_store_bad_input():
+    d = 64
+    x, w, g, _ = _inputs(1, 8 * d, 64, torch.float32, norm=True, lead=(1, 1))
+    cos, sin = _rope(1, d, torch.float32, seed=0)
+    prompt = torch.randn(1, 2, 3, d, device=DEVICE)
+    target = _kv_cache("int8", prompt, prompt).kv_target(torch.tensor([3], device=DEVICE))
+    bad = {
+        "no rope": dict(kv_store=target),
+        "rows not q + k + v": dict(rope=(cos, sin, 5 * d), kv_store=target),
+        "two rows": dict(rope=(cos, sin, 6 * d), kv_store=target, x=x.expand(2, 1, 64)),
+    }
+    for what, kw in bad.items():
+        with pytest.raises(ShapeError, match="gemv cannot run"):
+            gemv(kw.pop("x", x), w, norm_weight=g, **kw)
+        print(what, "raised")
+    sliding = ke.SlidingCache("int8", window=4, max_chunk=8)
+    sliding.fused_store = True
+    sliding.append(prompt, prompt)
+    assert sliding.kv_target(torch.tensor([3], device=DEVICE)) is None  # a ring: no target
+
+
 @pytest.mark.skipif(not ke.HAS_CUDA, reason="programmatic dependent launch: CUDA sm_90+")
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_pdl_chain_matches_plain_launches(graph, monkeypatch):

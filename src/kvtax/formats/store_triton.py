@@ -328,3 +328,42 @@ def _out_dtype(fmt: KVFormat, model_dtype: torch.dtype) -> tl.dtype:
     """Element type the kernel stores codes as (fp8 codes go out as their uint8 bits)."""
     dt = fmt.code_dtype(model_dtype)
     return _TL_DTYPES.get(dt, tl.uint8)
+
+
+class KVTarget(NamedTuple):
+    """Where a fused producer kernel writes one decode token's K and V (kvtax.models.gemv's
+    qkv GEMV with `kv_store`): the cache storage, its spec, the token's slot as an int
+    `[1]` device tensor (graph-safe) and `counters`, int32 `[2 * H_kv]` zeros the producer
+    counts its programs on (it leaves them zero). Build it with `BaseCache.kv_target`,
+    which checks that `quantize_store` could serve the same write (batch 1, no ring, no
+    Hadamard rotation or key centering)."""
+
+    k: QTensor
+    v: QTensor
+    spec: KVSpec
+    pos: torch.Tensor
+    counters: torch.Tensor
+
+
+def producer_args(target: KVTarget, dtype: torch.dtype, head_dim: int,
+                  recip: bool) -> tuple[tuple, tuple]:
+    """(runtime arguments, constexprs) of formats/kernels/quantize.py's `_store_part` for
+    both sides of `target`, as kernels/gemv.py's `_store_kv_row` takes them after its
+    counters, position, first K row and head count: per side codes, scales, biases, head
+    and slot strides of codes and of scales / biases, 1 / divisor; then the model dtype,
+    per side format code, group size, storage dtype and groups per row rounded up to a
+    power of two, D and D / 2 rounded up likewise, and `recip` (see quantize_store)."""
+    args: list = []
+    consts: list = [_TL_DTYPES[dtype]]
+    for fmt, dst in ((target.spec.key, target.k), (target.spec.value, target.v)):
+        code, gs, div = _format_code(fmt)  # type: ignore[misc]
+        codes = dst.codes.view(torch.uint8) if dst.codes.dtype == torch.float8_e4m3fn else dst.codes
+        meta = dst.scales if dst.scales is not None else codes  # placeholders are never read
+        bias = dst.biases if dst.biases is not None else meta
+        m_strides = dst.scales.stride()[1:3] if dst.scales is not None else (0, 0)
+        args += [codes, meta, bias, *codes.stride()[1:3], *m_strides, _f32_reciprocal(div)]
+        consts += [code, max(gs, 1), _out_dtype(fmt, dtype),
+                   triton.next_power_of_2(head_dim // gs) if gs else 1]
+    consts += [triton.next_power_of_2(head_dim), triton.next_power_of_2(max(head_dim // 2, 1)),
+               recip]
+    return tuple(args), tuple(consts)
