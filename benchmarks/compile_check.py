@@ -213,33 +213,6 @@ def gemv_cases():
                            x, w, silu_mul=s, **kw)))
 
 
-def kv_store_cases():
-    """The qkv GEMV writing the token's K / V into the cache (gemv's kv_store) at
-    Llama-3.1-8B's shapes, each format the store kernel serves, with and without PDL."""
-    from kvtax.cache import FullCache
-    from kvtax.formats import store_triton
-    from kvtax.models import gemv as gm
-
-    gm._interpreting = lambda: True  # let the wrapper take CPU tensors
-    store_triton._interpreting = lambda: True
-    x = torch.randn(1, 1, 4096, dtype=torch.bfloat16)
-    w = torch.randn(6144, 4096, dtype=torch.bfloat16)
-    cs = torch.randn(1, 128, dtype=torch.bfloat16)
-    for spec in ("bf16", "int8", "int4", "fp8", "k8v4", "int4-g32"):
-        cache = FullCache(spec, capacity=16)
-        cache.fused_store = True
-        k = torch.randn(1, 8, 4, 128, dtype=torch.bfloat16)
-        cache.append(k, k)
-        target = cache.kv_target(torch.tensor([4]))
-
-        def call(t=target):
-            return gm.gemv(x, w, norm_weight=torch.ones(4096, dtype=torch.bfloat16),
-                           rope=(cs, cs.clone(), 40 * 128), kv_store=t)
-
-        yield f"gemv qkv kv_store {spec}", call
-        yield f"gemv qkv kv_store {spec} pdl", lambda c=call: _with_all_pdl(c)
-
-
 def _with_all_pdl(fn):  # noqa: ANN001, ANN202
     """Run fn with every kvtax.pdl launch forced on (CPU tensors: it would be off), with
     the dependents let go first thing and (kvtax.pdl.LATE) at the end."""
@@ -306,7 +279,6 @@ def main() -> int:
         cases += list(store_cases())
     if args.only in (None, "gemv"):
         cases += list(gemv_cases())
-        cases += list(kv_store_cases())
     seen = set()
     for name, fn in cases:
         COMPILED.clear()

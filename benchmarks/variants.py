@@ -14,8 +14,6 @@ variant, in one process (the model is built once; each cell captures its own gra
                                   decode attention kernels) or reduce (their split-KV merge)
     pdl.attn_late=1               that family lets the next kernel launch at its end, not
                                   first thing (kvtax.pdl.LATE)
-    fuse.store=0                  the cache's store kernel writes K / V, not the qkv GEMV
-                                  (kvtax.models.decoder.FUSE_KV_STORE)
 
 `apply(text, model)` is a context manager; the defaults come back when it exits.
 """
@@ -49,15 +47,15 @@ def parse(text: str) -> dict[str, dict[str, int]]:
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, _, value = item.partition("=")
         scope, _, field = key.partition(".")
-        fields = {"attn": attn_fields, "pdl": {*PDL_FIELDS, *LATE_FIELDS},
-                  "fuse": {"store"}}.get(scope, gemv_fields)
-        if scope not in ("gemv", "attn", "pdl", "fuse", *PROJECTIONS) or field not in fields or \
+        fields = {"attn": attn_fields, "pdl": {*PDL_FIELDS, *LATE_FIELDS}}.get(scope,
+                                                                              gemv_fields)
+        if scope not in ("gemv", "attn", "pdl", *PROJECTIONS) or field not in fields or \
                 not value.isdigit():
             raise SystemExit(
                 f"variant item {item!r} is not SCOPE.FIELD=INT: SCOPE gemv / "
                 f"{' / '.join(PROJECTIONS)} with FIELD in {sorted(gemv_fields)}, attn with "
                 f"FIELD in {sorted(attn_fields)}, or pdl.FIELD with FIELD in "
-                f"{sorted({*PDL_FIELDS, *LATE_FIELDS})}, or fuse.store")
+                f"{sorted({*PDL_FIELDS, *LATE_FIELDS})}")
         out.setdefault(scope, {})[field] = int(value)
     return out
 
@@ -77,12 +75,10 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
     """Run the body with the launch defaults of variant `text` ("" = the defaults)."""
     from kvtax import pdl as kp
     from kvtax.attention import triton_api as ta
-    from kvtax.models import decoder
     from kvtax.models import gemv as gm
 
     spec = parse(text)
     saved = (gm.default_config, ta.swap_decode_config, ta.warp_decode_config)
-    saved_fuse = decoder.FUSE_KV_STORE
     saved_pdl = kp.USE_PDL, kp.KINDS, kp.LATE, gm.PDL_FIRST
     keys = _projection_keys(model)
     base_gemv, base_swap, base_warp = saved
@@ -98,8 +94,7 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
 
     ta._OP_CONFIGS.clear()  # launch configs cached per cache layout: decide them afresh
     try:
-        decoder.FUSE_KV_STORE = bool(spec.get("fuse", {}).get("store", saved_fuse))
-        if set(spec) - {"attn", "pdl", "fuse"}:
+        if set(spec) - {"attn", "pdl"}:
             gm.default_config = gemv_config
         pdl = spec.get("pdl", {})
         kp.USE_PDL = bool(pdl.get("on", kp.USE_PDL))
@@ -114,5 +109,4 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
     finally:
         gm.default_config, ta.swap_decode_config, ta.warp_decode_config = saved
         kp.USE_PDL, kp.KINDS, kp.LATE, gm.PDL_FIRST = saved_pdl
-        decoder.FUSE_KV_STORE = saved_fuse
         ta._OP_CONFIGS.clear()

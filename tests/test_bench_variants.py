@@ -124,11 +124,3 @@ def test_pdl_launch_follows_kinds(monkeypatch) -> None:
         "PDL": True, "PDL_LATE": False, "launch_pdl": False}
     assert pdl.launch_options("reduce", x, False) == {
         "PDL": True, "PDL_LATE": True, "launch_pdl": True}
-
-
-def test_apply_switches_the_fused_kv_store(variants, model) -> None:
-    from kvtax.models import decoder
-
-    with variants.apply("fuse.store=0", model):
-        assert decoder.FUSE_KV_STORE is False
-    assert decoder.FUSE_KV_STORE is True

@@ -9,7 +9,6 @@ the torch path exactly.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 import torch
@@ -89,57 +88,3 @@ def test_blocked_architectures_raise():
     assert not Runner(model, kv="fp16").fused_gemv  # auto: off where it does not apply
     with pytest.raises(OptionError, match="fused GEMV"):
         Runner(model, kv="fp16", fused_gemv=True)
-
-
-def _graph_path(model, caches, ids, steps: int) -> list[torch.Tensor]:
-    """The CUDA-graph decode step's code path, eagerly: the slot and length come from
-    device tensors (write_pos / length_t), host lengths advanced after each step."""
-    out = []
-    for i in range(steps):
-        n = caches[0].length
-        pos = torch.tensor([n], device=DEVICE)
-        length = torch.full((ids.shape[0],), n + 1, dtype=torch.int32, device=DEVICE)
-        out.append(model(ids[:, i:i + 1], caches, pos, write_pos=pos, length_t=length))
-        for c in caches:
-            c.advance(1)
-    return out
-
-
-@pytest.mark.parametrize("kv", ["int8", "int4"])
-def test_qkv_gemv_kv_store_matches_the_store_kernel(kv, monkeypatch):
-    """FUSE_KV_STORE: in the graph decode path the qkv GEMV writes K / V into the cache
-    itself (kv_store); logits and every cache byte equal the path where the cache's own
-    store kernel writes them."""
-    from kvtax.formats import store_triton
-    from kvtax.models import decoder
-
-    model = random_model(SMALL, dtype=torch.bfloat16, device=DEVICE, seed=4)
-    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    results = {}
-    for fuse in (False, True):
-        monkeypatch.setattr(decoder, "FUSE_KV_STORE", fuse)
-        runner = Runner(model, kv=kv, cuda_graph=False, fused_gemv=True)
-        caches = runner.make_caches(capacity=16)
-        for c in caches:
-            c.fused_store = True  # the kernels on CPU (interpreted): kv_target is offered
-        runner.prefill(ids[:, :9], caches)
-        targets = [c.kv_target(torch.tensor([9], device=DEVICE)) for c in caches]
-        assert all(t is not None for t in targets)
-        stores = []
-        monkeypatch.setattr(store_triton, "quantize_store",
-                            functools.partial(_counted, store_triton.quantize_store, stores))
-        logits = _graph_path(model, caches, ids[:, 9:], steps=2)
-        monkeypatch.undo()  # the store kernel back, FUSE_KV_STORE back to its default
-        assert len(stores) == (0 if fuse else 2 * SMALL.num_layers)  # who wrote K / V
-        results[fuse] = (logits, [(*c.store.k, *c.store.v) for c in caches])
-    for a, b in zip(results[False][0], results[True][0]):
-        assert torch.equal(a, b)
-    for parts_a, parts_b in zip(results[False][1], results[True][1]):
-        for a, b in zip(parts_a, parts_b):
-            if a is not None:
-                assert torch.equal(a[:, :, :11], b[:, :, :11])
-
-
-def _counted(fn, calls, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-    calls.append(1)
-    return fn(*args, **kwargs)

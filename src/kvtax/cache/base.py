@@ -34,7 +34,6 @@ class BaseCache(ABC):
     """
 
     fused_store: bool | None = None
-    _kv_counters: torch.Tensor | None = None  # kv_target's, from the storage's allocation
 
     def __init__(
         self,
@@ -92,7 +91,6 @@ class BaseCache(ABC):
         self._check(k, v)
         if self.store is None:
             self.store = self._allocate(k)
-            self._kv_counters = self._producer_counters(k, v)
         if self.center_keys:
             if self.key_shift is None:
                 b, h, _, d = k.shape
@@ -152,37 +150,6 @@ class BaseCache(ABC):
             k, v, s.k, s.v, self.spec, pos, sinks=sinks, ring=ring, check=False
         )
         return True
-
-    def kv_target(self, pos_t: torch.Tensor):  # noqa: ANN201 (store_triton.KVTarget | None)
-        """Where a fused producer (the qkv GEMV's `kv_store`, kvtax.models.gemv) writes
-        one decode token at device position `pos_t` `[1]`, or None when this cache cannot
-        take such writes: not batch 1, a ring (sliding window), Hadamard-rotated or
-        centered keys, or a layout the fused store kernel does not serve. As `write_at`,
-        it leaves the host `length` alone: call `advance(1)` after the step."""
-        if self.store is None or self._kv_counters is None:
-            return None
-        from kvtax.formats.store_triton import KVTarget
-
-        s = self.store
-        return KVTarget(s.k, s.v, self.spec, self._slot_of(pos_t), self._kv_counters)
-
-    def _producer_counters(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
-        """kv_target's per-head counters (int32 zeros [2 H_kv]) where this cache can take
-        a fused producer's writes (see kv_target), else None; checked once, at allocation."""
-        spec = self.spec
-        if (k.shape[0] != 1 or self.center_keys or spec.rotate_keys or spec.rotate_values
-                or self._ring_layout() != (0, 0) or self.fused_store is False
-                or (self.fused_store is None and not k.is_cuda)):
-            return None
-        try:
-            from kvtax.formats import store_triton
-        except ImportError:
-            return None
-        assert self.store is not None
-        s = self.store
-        if store_triton.unsupported_reason(k[:, :, :1], v[:, :, :1], s.k, s.v, spec) is not None:
-            return None
-        return torch.zeros(2 * k.shape[1], dtype=torch.int32, device=k.device)
 
     def _ring_layout(self) -> tuple[int, int]:
         """(sinks, ring) of the slot map; a full cache has no ring: (0, 0)."""

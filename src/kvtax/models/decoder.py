@@ -31,11 +31,6 @@ from kvtax.models.config import ModelConfig
 from kvtax.models.rope import apply_rope, inv_frequencies, rope_cos_sin
 
 
-# The qkv GEMV writes the decode token's K / V into the cache where it can (gemv's
-# kv_store; see Block._forward_gemv); False: the cache's own store kernel writes them.
-FUSE_KV_STORE = True
-
-
 class RMSNorm(nn.Module):
     """RMSNorm over the last dim; `offset` = Gemma's `x̂ · (1 + w)` computed in float32."""
 
@@ -98,11 +93,9 @@ class Attention(nn.Module):
         write_pos: torch.Tensor | None,
         length_t: torch.Tensor | None,
         rotated: bool = False,
-        stored: bool = False,
     ) -> torch.Tensor:
         """Projected qkv `[B, T, (Hq + 2 Hkv) D]` → attention output `[B, T, Hq D]` (before wo).
-        `rotated`: q and k arrive rotated (the fused qkv GEMV's RoPE epilogue); `stored`:
-        their K / V are already in the cache at write_pos (the qkv GEMV's kv_store)."""
+        `rotated`: q and k arrive rotated (the fused qkv GEMV's RoPE epilogue)."""
         b, t, _ = qkv.shape
         cfg = self.cfg
         hd, hq, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
@@ -126,8 +119,7 @@ class Attention(nn.Module):
         else:
             # CUDA-graph decode: the slot and the length come from device tensors, so one
             # captured graph serves every step; the host length is advanced by the runner.
-            if not stored:
-                cache.write_at(k, v, write_pos)
+            cache.write_at(k, v, write_pos)
             view = dataclasses.replace(cache.view(), length=cache.length + t, length_t=length_t)
         out = self.attn_fn(q, view, scale=cfg.scale, softcap=cfg.attn_softcap)  # [B, Hq, T, D]
         return out.transpose(1, 2).reshape(b, t, -1)
@@ -178,25 +170,15 @@ class Block(nn.Module):
     def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t):  # noqa: ANN001, ANN202
         """The decode step as four fused GEMVs (see `gemv_blocker` for the layers it takes).
         The qkv GEMV also rotates q and k (its RoPE epilogue: three elementwise launches
-        fewer per layer) unless q/k norms (Qwen3, Gemma 3) must come first, and then, in
-        CUDA-graph decode (write_pos) of caches that take it (`BaseCache.kv_target`), also
-        writes the token's K / V into the cache (FUSE_KV_STORE: no store launch). Sandwich norms
+        fewer per layer) unless q/k norms (Qwen3, Gemma 3) must come first. Sandwich norms
         (Gemma) normalize a projection's whole output before the residual add, so there the
         add stays in torch after the norm."""
         attn, mlp = self.attn, self.mlp
         an, fn = self.attn_norm, self.ffn_norm
         rope = (cos, sin, attn.sizes[0] + attn.sizes[1]) if attn.rope_in_gemv else None
-        target = None
-        if FUSE_KV_STORE and rope is not None and write_pos is not None:
-            kv_target = getattr(cache, "kv_target", None)
-            target = kv_target(write_pos) if kv_target is not None else None
-            if target is not None and gm.kv_store_reason(x, attn.wqkv.weight, rope,
-                                                         target) is not None:
-                target = None
         qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=an.weight, eps=an.eps,
-                      norm_offset=an.offset, bias=attn.wqkv.bias, rope=rope, kv_store=target)
-        a = attn.attend(qkv, cos, sin, cache, write_pos, length_t, rotated=rope is not None,
-                        stored=target is not None)
+                      norm_offset=an.offset, bias=attn.wqkv.bias, rope=rope)
+        a = attn.attend(qkv, cos, sin, cache, write_pos, length_t, rotated=rope is not None)
         if self.sandwich:
             x = x + self.post_attn_norm(gm.gemv(a, attn.wo.weight))
         else:

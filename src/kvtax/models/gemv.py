@@ -25,9 +25,6 @@ import triton
 
 from kvtax import pdl
 from kvtax.errors import OptionError, ShapeError
-from kvtax.formats import store_triton
-from kvtax.formats import QTensor
-from kvtax.formats.store_triton import KVTarget
 from kvtax.models.kernels.gemv import _gemv_kernel, _gemv_reduce_kernel
 from kvtax.models.rope import apply_rope
 
@@ -273,7 +270,6 @@ def gemv(
     config: GemvConfig | None = None,
     out: torch.Tensor | None = None,
     rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-    kv_store: KVTarget | None = None,
 ) -> torch.Tensor:
     """y = [residual +] act(rmsnorm(x) @ w.T [+ bias]) for decode-sized x, in one or two
     launches.
@@ -289,12 +285,7 @@ def gemv(
     kvtax.models.rope's tables `[T, D]` (x is `[..., T, K]`; input row m is position
     m % T): the first `rows` outputs (q and k heads of a qkv projection, a multiple of D)
     leave rotated, each head's pairs (d, d + D/2) in fp32 before the one rounding; not
-    with silu_mul or residual; always unsplit. kv_store (with rope, one input row: the
-    qkv projection of a one-token decode step; w's rows q heads, then H_kv K heads, then
-    H_kv V heads, H_kv = kv_store.counters.numel() / 2): the new token's K and V rows also
-    go into the cache storage, quantized as `store_triton.quantize_store` writes them
-    (formats/store_triton.KVTarget; build it with `BaseCache.kv_target`), so the step
-    needs no store launch. fp32 accumulation; see
+    with silu_mul or residual; always unsplit. fp32 accumulation; see
     `gemv_reference` for the exact math. config: a GemvConfig (default:
     `default_config`). Raises ShapeError for tensors the kernel cannot take
     (`unsupported_reason`).
@@ -308,48 +299,19 @@ def gemv(
         raise OptionError("gelu picks the gated MLP's activation: it needs silu_mul=True")
     reason = unsupported_reason(x, w, norm_weight=norm_weight, bias=bias, residual=residual,
                                 silu_mul=silu_mul, out=out, rope=rope)
-    if reason is None and kv_store is not None:
-        reason = kv_store_reason(x, w, rope, kv_store)
     if reason is not None:
         raise ShapeError(f"gemv cannot run: {reason}")
     cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
                                        config.num_warps, config.num_stages)
     if torch.compiler.is_compiling():
         cos, sin, rot = rope if rope is not None else (None, None, 0)
-        if kv_store is not None:
-            t = kv_store
-            y = _gemv_kv_op(x, w, norm_weight, float(eps), norm_offset, bias, cfg, cos, sin,
-                            rot, *t.k, *t.v, t.counters, t.spec.name, t.pos)
-        else:
-            y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul,
-                         gelu, cfg, cos, sin, rot)
+        y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul,
+                     gelu, cfg, cos, sin, rot)
         if out is None:
             return y
         return out.copy_(y.view(out.shape))
     return _gemv(x, w, norm_weight, eps, norm_offset, bias, residual, silu_mul, gelu, config,
-                 out, rope, kv_store)
-
-
-def kv_store_reason(
-    x: torch.Tensor, w: torch.Tensor, rope: tuple | None, target: KVTarget
-) -> str | None:
-    """None when gemv's `kv_store` can serve this call (see `gemv`), else why not."""
-    if rope is None:
-        return "kv_store needs the RoPE epilogue (q and k finished in the GEMV)"
-    if x.numel() != x.shape[-1]:
-        return "kv_store writes one token: x must be one row"
-    d, rot, n = rope[0].shape[-1], rope[2], w.shape[0]
-    n_kv = target.counters.numel() // 2
-    if target.counters.dtype != torch.int32 or target.counters.device != x.device:
-        return "kv_store counters must be int32 on the input's device"
-    if n_kv == 0 or rot + n_kv * d != n or rot - n_kv * d < 0:
-        return f"{n} rows are not q heads, {n_kv} K and {n_kv} V heads of {d} (rope rows {rot})"
-    if target.pos.numel() != 1 or target.pos.device != x.device:
-        return "kv_store position must be one element on the input's device"
-    for qt in (target.k, target.v):
-        if qt.codes.shape[0] != 1 or qt.codes.shape[1] != n_kv:
-            return f"cache storage {tuple(qt.codes.shape)} is not batch 1 with {n_kv} heads"
-    return None
+                 out, rope)
 
 
 def _gemv(
@@ -357,7 +319,6 @@ def _gemv(
     norm_offset: bool, bias: torch.Tensor | None, residual: torch.Tensor | None, silu_mul: bool,
     gelu: bool, config: GemvConfig | None, out: torch.Tensor | None,
     rope: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-    kv_store: KVTarget | None = None,
 ) -> torch.Tensor:
     """The launch (inputs already checked)."""
     shape = _out_shape(x, w, silu_mul)
@@ -406,12 +367,6 @@ def _gemv(
         rope_args = (cos, sin, cos.stride(0), cos.shape[0], rot)
     else:
         rope_args = (x2, x2, 0, 1, 0)  # placeholders, never read
-    store = {}
-    if kv_store is not None:
-        d, n_kv = rope[0].shape[-1], kv_store.counters.numel() // 2
-        args, consts = store_triton.producer_args(kv_store, x.dtype, d, recip=x.is_cuda)
-        store = dict(KV_STORE=True, KV_CONSTS=consts,
-                     kv=(kv_store.counters, kv_store.pos, rope[2] - n_kv * d, n_kv, *args))
     _gemv_kernel[(triton.cdiv(n_rows, cfg.block_n), splits)](
         x2, w, g, b, r2, y2, ws, ss,
         n_rows, k, k_per, x2.stride(0), w.stride(0), r2.stride(0), y2.stride(0), float(eps),
@@ -420,7 +375,7 @@ def _gemv(
         BIAS=bias is not None and not split, RESIDUAL=residual is not None and not split,
         SILU_MUL=silu_mul and not split, GELU=gelu, SPLIT=split,
         EVEN_K=k % k_per == 0 and k_per % cfg.block_k == 0,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **opts, **store,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **opts,
     )
     if split:
         block = min(1024, triton.next_power_of_2(n))
@@ -466,33 +421,3 @@ for _key in ("CPU", "CUDA"):  # CPU: Triton's interpreter (tests)
     _LIB.impl("gemv", _gemv_body, _key)
 torch.library.register_fake("kvtax::gemv", _gemv_fake, lib=_LIB)
 _gemv_op = torch.ops.kvtax.gemv.default
-
-
-# The qkv GEMV that also writes the token's K / V into the cache (gemv's kv_store): the
-# storage tensors and counters are written in place (aliasing annotations, as the cache
-# store's op), the output is new.
-_LIB.define(
-    "gemv_kv_store(Tensor x, Tensor w, Tensor? norm_weight, float eps, bool norm_offset, "
-    "Tensor? bias, int[]? config, Tensor rope_cos, Tensor rope_sin, int rope_rows, "
-    "Tensor(a!) kc, Tensor(b!)? ks, Tensor(c!)? kb, Tensor(d!) vc, Tensor(e!)? vs, "
-    "Tensor(f!)? vb, Tensor(g!) counters, str spec, Tensor pos) -> Tensor"
-)
-
-
-def _gemv_kv_body(x, w, norm_weight, eps, norm_offset, bias, config, rope_cos, rope_sin,  # noqa: ANN001, ANN202
-                  rope_rows, kc, ks, kb, vc, vs, vb, counters, spec, pos):
-    cfg = GemvConfig(*config) if config is not None else None
-    target = KVTarget(QTensor(kc, ks, kb), QTensor(vc, vs, vb), store_triton._spec(spec), pos,
-                      counters)
-    return _gemv(x, w, norm_weight, eps, norm_offset, bias, None, False, False, cfg, None,
-                 (rope_cos, rope_sin, rope_rows), target)
-
-
-def _gemv_kv_fake(x, w, *args):  # noqa: ANN001, ANN002, ANN202
-    return x.new_empty(_out_shape(x, w, False))
-
-
-for _key in ("CPU", "CUDA"):
-    _LIB.impl("gemv_kv_store", _gemv_kv_body, _key)
-torch.library.register_fake("kvtax::gemv_kv_store", _gemv_kv_fake, lib=_LIB)
-_gemv_kv_op = torch.ops.kvtax.gemv_kv_store.default

@@ -7,8 +7,7 @@ acc_s, a base-2 max m_s and a denominator l_s; with M = max_s m_s and w_s = 2^(m
 out = sum_s w_s acc_s / sum_s w_s l_s. Empty splits have m_s = -inf and weigh 0.
 HAS_LSE (constexpr, off by default) also stores each row's log-sum-exp of scores,
 ln 2 * (M + log2 sum_s w_s l_s), to `Lse` `[B, H_q, L]` float32 (-inf for a row that saw
-no key), so partial attentions can be merged (kvtax.attention.lse). PDL, PDL_LATE:
-common.pdl_enter / pdl_exit.
+no key), so partial attentions can be merged (kvtax.attention.lse). PDL, PDL_LATE: common.pdl_enter / pdl_exit.
 """
 
 import triton

@@ -23,13 +23,6 @@ depend on nothing the step writes; but inside the model that held the tile acros
 wait, 101 instead of 80 registers for qkv, and measured 2% slower than no PDL, while
 waiting first thing measured 1.2% faster: session 11, docs/BENCHMARKS.md).
 
-KV_STORE (the qkv projection of a one-token decode step, with ROPE): the new token's K
-and V rows also go into the KV cache, quantized, so the step needs no store kernel. The
-PER_HEAD programs of a K or V head each count themselves done on the head's counter
-(after a CTA barrier, an acq_rel atomic: their stores of y are visible to whoever counts
-after them); the last one reads the head's finished row back and quantizes and stores it
-exactly as formats/kernels/quantize.py does, then resets the counter for the next call.
-
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
 so no program reads x twice. BIAS, RESIDUAL and SILU_MUL (GELU: a GELU-tanh gate) are
@@ -43,8 +36,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-from kvtax.formats.kernels.quantize import _store_part
 
 
 @triton.jit
@@ -126,7 +117,6 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0, PDL: tl.constexpr = False,
     PDL_FIRST: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-    KV_STORE: tl.constexpr = False, kv=None, KV_CONSTS: tl.constexpr = None,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -226,50 +216,9 @@ def _gemv_kernel(
     if ROWS > 3:
         _finish_row(acc3, up3, ss3, 3, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
                     stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
-    if KV_STORE:
-        _store_kv_row(Y, pid_n, kv, BLOCK_N, HEAD_DIM, KV_CONSTS)
     if PDL:
         if PDL_LATE:
             gdc_launch_dependents()
-
-
-@triton.jit
-def _store_kv_row(Y, pid_n, kv, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  KV_CONSTS: tl.constexpr):
-    """KV_STORE's epilogue for program pid_n (module docstring). kv: (counters [2 H_kv]
-    int32, device position [1], first K row of y, H_kv, then per side K, V: codes, scales,
-    biases, their head / slot strides (codes, then scales and biases), 1 / divisor).
-    KV_CONSTS: (model dtype, then per side format code, group size, storage dtype, groups
-    per row rounded up to a power of two; then D and D / 2 rounded up likewise, RECIP)."""
-    (cnt, p_pos, kv_row0, n_kv, kc, ks, kb, s_kc_h, s_kc_t, s_km_h, s_km_t, k_inv,
-     vc, vs, vb, s_vc_h, s_vc_t, s_vm_h, s_vm_t, v_inv) = kv
-    DT: tl.constexpr = KV_CONSTS[0]
-    PER_HEAD: tl.constexpr = HEAD_DIM // BLOCK_N
-    row0 = (pid_n // PER_HEAD) * HEAD_DIM  # first output row of this program's head
-    if row0 >= kv_row0:
-        j = (row0 - kv_row0) // HEAD_DIM  # K heads [0, n_kv), then V heads
-        tl.debug_barrier()  # every thread's y stores come before the count
-        done = tl.atomic_add(cnt + j, 1, sem="acq_rel", scope="gpu")
-        if done == PER_HEAD - 1:  # the head's last program: its row is complete
-            tl.atomic_xchg(cnt + j, 0, sem="relaxed", scope="gpu")  # ready for the next call
-            slot = tl.load(p_pos).to(tl.int64)
-            m_r = tl.full([1], 1, tl.int1)
-            p_x = Y + row0 + tl.zeros([1], tl.int64)  # [1] row pointer
-            if j < n_kv:
-                _store_part(p_x, kc + j * s_kc_h + slot * s_kc_t + tl.zeros([1], tl.int64),
-                            ks + j * s_km_h + slot * s_km_t + tl.zeros([1], tl.int64),
-                            kb + j * s_km_h + slot * s_km_t + tl.zeros([1], tl.int64),
-                            m_r, k_inv, KV_CONSTS[1], KV_CONSTS[2], KV_CONSTS[3],
-                            KV_CONSTS[4], HEAD_DIM, KV_CONSTS[9], KV_CONSTS[10], 1, DT,
-                            KV_CONSTS[11])
-            else:
-                h = j - n_kv
-                _store_part(p_x, vc + h * s_vc_h + slot * s_vc_t + tl.zeros([1], tl.int64),
-                            vs + h * s_vm_h + slot * s_vm_t + tl.zeros([1], tl.int64),
-                            vb + h * s_vm_h + slot * s_vm_t + tl.zeros([1], tl.int64),
-                            m_r, v_inv, KV_CONSTS[5], KV_CONSTS[6], KV_CONSTS[7],
-                            KV_CONSTS[8], HEAD_DIM, KV_CONSTS[9], KV_CONSTS[10], 1, DT,
-                            KV_CONSTS[11])
 
 
 @triton.jit
