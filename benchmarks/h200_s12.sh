@@ -21,6 +21,9 @@
 #           defaults and with PDL off (pdl.on=0), side by side in one process
 #   int8    int8 at 32k / 128k: the swap kernel below 12 per SM launched normally (the new
 #           default) / launched early (attn.pdl_launch=1) / PDL off
+#   kvstore (experiment eb2e5dc, reverted) GEMV / decoder / runner GPU tests with the qkv
+#           GEMV writing K / V into the cache (gemv's kv_store), then decode.py at 32k,
+#           bf16 / int8 / int4, with it and with the cache's store kernel (fuse.store=0)
 # Usage: OUT=$OUT bash benchmarks/h200_s12.sh pdl   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +68,12 @@ int8)
     --compile on --tokens 32 --warmup 4 --variants ";attn.pdl_launch=1;pdl.on=0" \
     --out "$R/int8.json" > "$R/int8.log" 2>&1
   grep -E "^\||^#" "$R/int8.log"
+  ;;
+kvstore)  # at eb2e5dc (the experiment; reverted in 365ef17: measured no faster)
+  gpu_tests kv-tests.log 120 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py
+  for kv in int4 int8 bf16; do
+    decode_variants kv-$kv 60 $kv ";fuse.store=0" --contexts 32k
+  done
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac
