@@ -99,28 +99,3 @@ def test_apply_switches_pdl_families_then_restores(variants, model) -> None:
     assert (pdl.USE_PDL, pdl.KINDS, pdl.LATE, gm.PDL_FIRST) == saved
     with pytest.raises(SystemExit, match="pdl.FIELD"):
         variants.parse("pdl.bogus=1")
-
-
-def test_pdl_is_off_on_cpu_and_names_unknown_families() -> None:
-    from kvtax import pdl
-
-    x = torch.zeros(2)
-    assert pdl.launch_options("attention", x, interpreting=False) == {}
-    assert not pdl.enabled("gemv", x, interpreting=True)
-    with pytest.raises(ValueError, match="unknown PDL kernel family 'attn'"):
-        pdl.enabled("attn", x, interpreting=False)
-
-
-def test_pdl_launch_follows_kinds(monkeypatch) -> None:
-    """Where PDL is built (enabled), every family gets its trigger / wait code (PDL=True)
-    and only the families in KINDS the launch attribute."""
-    from kvtax import pdl
-
-    monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
-    monkeypatch.setattr(pdl, "KINDS", pdl.ALL_KINDS - {"attention"})
-    x = torch.zeros(1)
-    monkeypatch.setattr(pdl, "LATE", frozenset({"reduce"}))
-    assert pdl.launch_options("attention", x, False) == {
-        "PDL": True, "PDL_LATE": False, "launch_pdl": False}
-    assert pdl.launch_options("reduce", x, False) == {
-        "PDL": True, "PDL_LATE": True, "launch_pdl": True}

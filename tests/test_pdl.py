@@ -1,0 +1,57 @@
+"""kvtax.pdl: programmatic dependent launch switches, and the placement each decode
+attention launch asks for (CPU: the launch keywords only; tests/test_pdl_gpu.py runs the
+kernels under PDL on an sm_90+ GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests import kernels_env as ke
+from tests.kernels_env import interpret_mode  # noqa: F401 (autouse)
+
+from kvtax import pdl  # noqa: E402
+from kvtax.attention import triton_api as ta  # noqa: E402
+
+
+def test_pdl_is_off_on_cpu_and_names_unknown_families() -> None:
+    x = torch.zeros(2)
+    assert pdl.launch_options("attention", x, interpreting=False) == {}
+    assert not pdl.enabled("gemv", x, interpreting=True)
+    with pytest.raises(ValueError, match="unknown PDL kernel family 'attn'"):
+        pdl.enabled("attn", x, interpreting=False)
+
+
+def test_pdl_launch_follows_kinds(monkeypatch) -> None:
+    """Where PDL is built (enabled), every family gets its trigger / wait code (PDL=True)
+    and only the families in KINDS the launch attribute."""
+    monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
+    monkeypatch.setattr(pdl, "KINDS", pdl.ALL_KINDS - {"attention"})
+    x = torch.zeros(1)
+    monkeypatch.setattr(pdl, "LATE", frozenset({"reduce"}))
+    assert pdl.launch_options("attention", x, False) == {
+        "PDL": True, "PDL_LATE": False, "launch_pdl": False}
+    assert pdl.launch_options("reduce", x, False) == {
+        "PDL": True, "PDL_LATE": True, "launch_pdl": True}
+
+
+@pytest.mark.parametrize("spec, launch, late", [("int4", True, False), ("int8", False, True),
+                                                ("bf16", False, True)])
+def test_decode_attention_asks_for_its_measured_placement(spec, launch, late, monkeypatch):
+    """The decode configs' PDL placement (docs/BENCHMARKS.md, session 12): int4's full
+    Gluon grid launches early and lets the reduce go first thing; int8 (swap, 8 per SM)
+    and bf16 (decode_warp) launch normally and let it go at their end. KINDS / LATE still
+    override: outside KINDS no early launch, in LATE always late."""
+    monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
+    cache = ke.FullCache(spec, capacity=64)
+    k = torch.randn(1, 2, 40, 128, dtype=torch.bfloat16)
+    cache.append(k, k)
+    q = torch.randn(1, 8, 1, 128, dtype=torch.bfloat16)
+    view = cache.view()
+    cfg = (ta.warp_decode_config(q, view) if spec == "bf16"
+           else ta.swap_decode_config(q, view))
+    assert ta._pdl("attention", q, cfg) == {"PDL": True, "PDL_LATE": late, "launch_pdl": launch}
+    assert ta._pdl("reduce", q) == {"PDL": True, "PDL_LATE": False, "launch_pdl": True}
+    monkeypatch.setattr(pdl, "KINDS", pdl.ALL_KINDS - {"attention"})
+    monkeypatch.setattr(pdl, "LATE", frozenset({"attention"}))
+    assert ta._pdl("attention", q, cfg) == {"PDL": True, "PDL_LATE": True, "launch_pdl": False}
