@@ -24,6 +24,7 @@ c - 8); scales and biases read as 32-bit words (the lo- and hi-half values of a 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kvtax.attention.kernels import swap_asm
 
@@ -43,26 +44,13 @@ _X4_PAIRS_ASM = gl.constexpr(swap_asm.X4_PAIRS)
 
 
 @gluon.jit
-def _gdc_launch_dependents():
-    """griddepcontrol through inline PTX, as triton.language.extra.cuda's gdc_* emit it
-    (those are not Gluon builtins)."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_wait():
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _pdl_enter(PDL: gl.constexpr, LATE: gl.constexpr):
-    """common.pdl_enter in Gluon."""
+    """common.pdl_enter in Gluon (which cannot call triton.jit functions; the gdc_* externs
+    it can)."""
     if PDL:
         if not LATE:
-            _gdc_launch_dependents()
-        _gdc_wait()
+            gdc_launch_dependents()
+        gdc_wait()
 
 
 @gluon.jit
@@ -70,7 +58,7 @@ def _pdl_exit(PDL: gl.constexpr, LATE: gl.constexpr):
     """common.pdl_exit in Gluon."""
     if PDL:
         if LATE:
-            _gdc_launch_dependents()
+            gdc_launch_dependents()
 
 
 @gluon.jit
