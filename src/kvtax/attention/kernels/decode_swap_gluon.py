@@ -24,9 +24,9 @@ c - 8); scales and biases read as 32-bit words (the lo- and hi-half values of a 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kvtax.attention.kernels import swap_asm
+from kvtax.attention.kernels.common import pdl_enter, pdl_exit  # scalar-only: Gluon calls them
 
 # version bridges: cp.async global->shared is `async_copy_global_to_shared` on 3.6 and
 # `async_load` on 3.9 (the old name raises there); the partition barrier `thread_barrier`
@@ -41,24 +41,6 @@ _X8_ASM = gl.constexpr(swap_asm.X8)
 _X4_ASM = gl.constexpr(swap_asm.X4)
 _X8_PAIRS_ASM = gl.constexpr(swap_asm.X8_PAIRS)
 _X4_PAIRS_ASM = gl.constexpr(swap_asm.X4_PAIRS)
-
-
-@gluon.jit
-def _pdl_enter(PDL: gl.constexpr, LATE: gl.constexpr):
-    """common.pdl_enter in Gluon (which cannot call triton.jit functions; the gdc_* externs
-    it can)."""
-    if PDL:
-        if not LATE:
-            gdc_launch_dependents()
-        gdc_wait()
-
-
-@gluon.jit
-def _pdl_exit(PDL: gl.constexpr, LATE: gl.constexpr):
-    """common.pdl_exit in Gluon."""
-    if PDL:
-        if LATE:
-            gdc_launch_dependents()
 
 
 @gluon.jit
@@ -142,7 +124,7 @@ def _decode_swap_gluon_kernel(
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
     ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT).
     Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4)."""
-    _pdl_enter(PDL, PDL_LATE)
+    pdl_enter(PDL, PDL_LATE)
     SUB: gl.constexpr = 16
     BN: gl.constexpr = 32
     NC: gl.constexpr = 8
@@ -396,4 +378,4 @@ def _decode_swap_gluon_kernel(
     gl.store(po + 1, _fold_streams((acc_o_lo * t_v + bl) * ww, PH, st_l), mask=mo)
     gl.store(po + DH, _fold_streams((acc_e_hi * t_v + bh) * ww, PH, st_l), mask=mo)
     gl.store(po + DH + 1, _fold_streams((acc_o_hi * t_v + bh) * ww, PH, st_l), mask=mo)
-    _pdl_exit(PDL, PDL_LATE)
+    pdl_exit(PDL, PDL_LATE)
