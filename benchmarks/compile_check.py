@@ -92,6 +92,10 @@ def attention_cases(full: bool):
             # the decode kernel and the reduce launched with PDL (warp / tile kernels)
             yield f"{name} pdl", lambda q=q, v=cache.view(): _with_all_pdl(
                 lambda: ta.triton_attention(q, v))
+            if not sliding and spec != "int4-g32":  # decode_warp: first tiles into L2 early
+                yield f"{name} pdl prefetch", lambda q=q, v=cache.view(): _with_all_pdl(
+                    lambda: ta.triton_attention(q, v, config=ta.warp_decode_config(
+                        q, v, prefetch=2)))
 
 
 def swap_cases():
@@ -114,6 +118,9 @@ def swap_cases():
         if dtype == torch.bfloat16:  # Gluon (int8, int4) or the Triton twin, with PDL
             yield f"{name} pdl", lambda q=q, v=cache.view(): _with_all_pdl(
                 lambda: ta.triton_attention(q, v, config=ta.swap_decode_config(q, v)))
+            yield f"{name} pdl prefetch", lambda q=q, v=cache.view(): _with_all_pdl(
+                lambda: ta.triton_attention(q, v, config=ta.swap_decode_config(
+                    q, v, prefetch=2)))
 
 
 def hybrid_cases(full: bool):
@@ -211,6 +218,9 @@ def gemv_cases():
                 yield (f"gemv {name} {fusion} default pdl",
                        lambda x=x, w=w, kw=kw, s=gated: _with_all_pdl(lambda: gm.gemv(
                            x, w, silu_mul=s, **kw)))
+                yield (f"gemv {name} {fusion} default pdl, wait after the first W tile",
+                       lambda x=x, w=w, kw=kw, s=gated: _with_gemv_first(lambda: _with_all_pdl(
+                           lambda: gm.gemv(x, w, silu_mul=s, **kw))))
 
 
 def _with_all_pdl(fn):  # noqa: ANN001, ANN202
@@ -226,6 +236,18 @@ def _with_all_pdl(fn):  # noqa: ANN001, ANN202
         return fn()
     finally:
         pdl.enabled, pdl.LATE = saved
+
+
+def _with_gemv_first(fn):  # noqa: ANN001, ANN202
+    """Run fn with the GEMVs waiting after their first W tile in every launch."""
+    from kvtax.models import gemv as gm
+
+    saved = gm.PDL_FIRST
+    gm.PDL_FIRST = 1
+    try:
+        return fn()
+    finally:
+        gm.PDL_FIRST = saved
 
 
 def _resources(kernel) -> str:

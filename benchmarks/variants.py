@@ -8,7 +8,9 @@ variant, in one process (the model is built once; each cell captures its own gra
     attn.per_sm=12                the decode-attention launch (swap_decode_config /
                                   warp_decode_config keyword arguments, forced)
     pdl.on=0,pdl.first=0          programmatic dependent launch (kvtax.pdl) on / off, and
-                                  the GEMVs' wait after the first W tile (1) or first thing (0)
+                                  the GEMVs' wait: first thing (0), after the first W tile
+                                  (1), after it except in qkv's RoPE launch (2), or
+                                  only in the residual launches, o and down (3)
     pdl.attn=0,pdl.store=0        one kernel family not launched with PDL (it still lets
                                   the next kernel launch early): gemv, store, attn (the
                                   decode attention kernels) or reduce (their split-KV merge)
@@ -98,7 +100,7 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
             gm.default_config = gemv_config
         pdl = spec.get("pdl", {})
         kp.USE_PDL = bool(pdl.get("on", kp.USE_PDL))
-        gm.PDL_FIRST = bool(pdl.get("first", gm.PDL_FIRST))
+        gm.PDL_FIRST = int(pdl.get("first", gm.PDL_FIRST))
         for names, attr in ((PDL_FIELDS, "KINDS"), (LATE_FIELDS, "LATE")):
             off = {names[f] for f, v in pdl.items() if names.get(f) and not v}
             on = {names[f] for f, v in pdl.items() if names.get(f) and v}

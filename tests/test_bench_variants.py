@@ -91,7 +91,7 @@ def test_apply_switches_pdl_families_then_restores(variants, model) -> None:
     with variants.apply("pdl.attn=0,pdl.reduce=0,pdl.first=1,pdl.store_late=1", model):
         assert pdl.KINDS == pdl.ALL_KINDS - {"attention", "reduce"}
         assert "store" in pdl.LATE
-        assert gm.PDL_FIRST is True
+        assert gm.PDL_FIRST == 1
         with variants.apply("pdl.on=0,pdl.reduce=1", model):
             assert pdl.USE_PDL is False and "reduce" in pdl.KINDS
             assert "attention" not in pdl.KINDS

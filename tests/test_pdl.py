@@ -55,3 +55,24 @@ def test_decode_attention_asks_for_its_measured_placement(spec, launch, late, mo
     monkeypatch.setattr(pdl, "KINDS", pdl.ALL_KINDS - {"attention"})
     monkeypatch.setattr(pdl, "LATE", frozenset({"attention"}))
     assert ta._pdl("attention", q, cfg) == {"PDL": True, "PDL_LATE": True, "launch_pdl": False}
+
+
+@pytest.mark.parametrize("mode, plain, rope, residual", [
+    (0, False, False, False), (1, True, True, True), (2, True, False, True),
+    (3, False, False, True)])
+def test_gemv_wait_placement_per_launch(mode, plain, rope, residual, monkeypatch) -> None:
+    """gemv.PDL_FIRST: 0 waits first thing everywhere, 1 after the first W tile
+    everywhere, 2 after it except in the RoPE launch (qkv, at its register cap), 3 only in
+    the residual launches (o, down); a mode outside these is refused."""
+    from kvtax.errors import OptionError
+    from kvtax.models import gemv as gm
+
+    monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
+    monkeypatch.setattr(gm, "PDL_FIRST", mode)
+    x = torch.zeros(1)
+    assert gm._pdl(x)["PDL_FIRST"] is plain
+    assert gm._pdl(x, rope=True)["PDL_FIRST"] is rope
+    assert gm._pdl(x, residual=True)["PDL_FIRST"] is residual
+    monkeypatch.setattr(gm, "PDL_FIRST", 4)
+    with pytest.raises(OptionError, match="PDL_FIRST=4"):
+        gm._pdl(x)

@@ -35,7 +35,14 @@ H200_SMS = 132  # the default's target when no CUDA device is visible (interpret
 ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
 # programmatic dependent launch of the main kernel: kvtax.pdl (KVTAX_PDL=0 turns it off)
-PDL_FIRST = False  # True: wait after issuing the first W tile (measured slower in the model)
+# where the main kernel waits under PDL: 0 first thing; 1 after issuing its first W tile
+# (every launch: measured 2% slower in the model, session 11, because the RoPE launch
+# then needs 101 registers and qkv's 768 programs no longer fit one wave); 2 after the
+# first W tile except in the RoPE launch (its register cap is its occupancy edge); 3 only
+# in the residual launches (o, down: 48 registers either way on sm_90, where holding the
+# tile takes gate/up and lm_head from 121 to 152, one program fewer per SM)
+PDL_FIRST = 0
+PDL_FIRST_MODES = (0, 1, 2, 3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,10 +117,16 @@ def _interpreting() -> bool:
     return type(_gemv_kernel).__name__ == "InterpretedFunction"
 
 
-def _pdl(x: torch.Tensor) -> dict:
-    """The main kernel's programmatic dependent launch keywords (kvtax.pdl; {}: off)."""
+def _pdl(x: torch.Tensor, rope: bool = False, residual: bool = False) -> dict:
+    """The main kernel's programmatic dependent launch keywords (kvtax.pdl; {}: off);
+    PDL_FIRST from the module's mode for a launch with or without the RoPE epilogue /
+    the residual epilogue."""
+    if PDL_FIRST not in PDL_FIRST_MODES:
+        raise OptionError(f"gemv.PDL_FIRST={PDL_FIRST!r} must be one of {PDL_FIRST_MODES}")
     opts = pdl.launch_options("gemv", x, _interpreting())
-    return {**opts, "PDL_FIRST": PDL_FIRST} if opts else {}
+    first = (PDL_FIRST == 1 or (PDL_FIRST == 2 and not rope)
+             or (PDL_FIRST == 3 and residual))
+    return {**opts, "PDL_FIRST": first} if opts else {}
 
 
 def runs_on(device: torch.device) -> bool:
@@ -349,7 +362,7 @@ def _gemv(
     g = norm_weight.contiguous() if norm_weight is not None else x2
     b = bias.contiguous() if bias is not None else x2  # placeholders are never read
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    opts.update(_pdl(x))
+    opts.update(_pdl(x, rope is not None, residual is not None))
     if (rope is not None and config is None and rows == 1 and x.is_cuda
             and cfg.block_n * cfg.block_k <= 8 * 512):
         # Triton 3.6 compiles the RoPE epilogue to 93 registers (sm_90; 3.9: 80, as without

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Session 13's device calls (what ran, for docs/BENCHMARKS.md and notes/KERNELS.md):
+#   prefetch  GPU tests (PDL with the decode kernels prefetching, the GEMV chain with each
+#             wait placement), then decode.py at 32k, int4 and int8, side by side: the
+#             defaults / the o and down GEMVs waiting after their first W tile
+#             (pdl.first=3) / every GEMV but qkv's (pdl.first=2) / the decode attention
+#             pulling its first 2 or 8 tiles per program into L2 before its PDL wait
+#             (attn.prefetch), launched early or not
+#   bf16      the same for bf16 (decode_warp), and the best combinations for all three
+#   final     issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, defaults vs
+#             PDL off (pdl.on=0), side by side in one process
+# Usage: OUT=$OUT bash benchmarks/h200_s13.sh prefetch   (results: $OUT/r/)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source benchmarks/device_env.sh  # $R, $XDIST, $R/gpu.txt, PYTHONPATH, gpu_tests, decode_variants
+what=${1:?what}; shift
+case $what in
+prefetch)
+  gpu_tests pdl-tests.log 150 tests/test_pdl_gpu.py tests/test_gemv.py -k "pdl or attention_stretch"
+  decode_variants pf-int4 230 int4 ";pdl.first=3;pdl.first=2;attn.prefetch=2;attn.prefetch=8;attn.prefetch=2,pdl.first=3" --contexts 32k
+  decode_variants pf-int8 200 int8 ";pdl.first=3;attn.prefetch=2;attn.prefetch=2,attn.pdl_launch=1" --contexts 32k
+  ;;
+bf16)
+  decode_variants pf-bf16 200 bf16 ";pdl.first=3;attn.prefetch=2;attn.prefetch=2,attn.pdl_launch=1" --contexts 32k
+  ;;
+final)
+  timeout 400 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
+    --compile on --tokens 32 --warmup 4 --variants ";pdl.on=0" --out "$R/decode.json" \
+    > "$R/decode.log" 2>&1
+  grep -E "^\||^#" "$R/decode.log"
+  ;;
+*) echo "unknown case $what"; exit 2 ;;
+esac
