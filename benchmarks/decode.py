@@ -257,7 +257,54 @@ def kernel_breakdown(runner, caches, tok, n: int) -> dict:  # noqa: ANN001
         "launches_per_step": launches / n,
         "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:12]),
         "gemv_by_shape": gemv_by_shape(prof, n, runner.model),
+        "critical_us_by_role": critical_path(_kernel_spans(prof), n, runner.model.config.num_layers),
     }
+
+
+def _kernel_spans(prof) -> list[tuple[str, float, float]]:  # noqa: ANN001
+    """(name, start µs, end µs) of every device kernel the profiler saw."""
+    return [(e.name, e.time_range.start, e.time_range.end)
+            for e in prof.events() if _is_device_kernel(e)]
+
+
+# kernel name → role in a decode step (critical_path); GEMVs get their projection by order
+_ROLES = (("_gemv_reduce", "gemv split-K reduce"), ("_quantize_store", "store"),
+          ("_store_", "store"), ("_decode_attn_reduce", "attention reduce"),
+          ("_decode_", "attention"))
+
+
+def critical_path(spans: list[tuple[str, float, float]], n: int, layers: int) -> dict:
+    """µs per decode step by role (qkv, o, gate_up, down, lm_head, store, attention,
+    attention reduce, other, idle): how far each kernel moved the end of the work done so
+    far. Under programmatic dependent launch kernels overlap (a kernel starts while the
+    one before it runs and waits inside), so their durations add up to more than the
+    step; this attribution sums to the step's span instead: in the order they end, a
+    kernel ending at `e` is charged e - max(E, its start), E the latest end before it,
+    and a gap between E and its start (nothing running) is charged to idle. `n` steps; gaps over 50 µs are step boundaries
+    (host time, not charged)."""
+    names = ["qkv", "o", "gate_up", "down"] * layers + ["lm_head"]
+    roles, k_gemv = [], 0
+    for name, start, end in sorted(spans, key=lambda s: s[1]):  # launch order: GEMV roles
+        if name.startswith("_gemv_kernel"):
+            role = names[k_gemv % len(names)]
+            k_gemv += 1
+        else:
+            role = next((r for key, r in _ROLES if name.startswith(key)), "other")
+        roles.append((role, start, end))
+    out: dict[str, float] = {}
+    last_end = None
+    for role, start, end in sorted(roles, key=lambda s: s[2]):
+        if last_end is not None and start - last_end > 50.0:
+            last_end = None  # a step boundary
+        if last_end is None:
+            out[role] = out.get(role, 0.0) + (end - start)
+            last_end = end
+            continue
+        if start > last_end:
+            out["idle"] = out.get("idle", 0.0) + (start - last_end)
+        out[role] = out.get(role, 0.0) + max(0.0, end - max(last_end, start))
+        last_end = max(last_end, end)
+    return {k: round(v / n, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
 def gemv_by_shape(prof, n: int, model) -> dict:  # noqa: ANN001
@@ -423,6 +470,9 @@ def _row_line(r: dict) -> str:
         kinds = ", ".join(f"{k} {v:.3f}" for k, v in r["kernel_ms_by_kind"].items())
         line += (f"; kernels {r['kernel_ms_per_step']:.3f} ms/step ({kinds}), "
                  f"{r['launches_per_step']:.0f} launches")
+    if r.get("critical_us_by_role"):
+        line += "; step critical path us: " + ", ".join(
+            f"{k} {v:.0f}" for k, v in r["critical_us_by_role"].items())
     if r.get("gemv_by_shape"):
         line += "; GEMV us (TB/s, gap us): " + ", ".join(
             f"{k} {v['us']:.1f} ({v['TBps']:.2f}, {v['gap_before_us']:.1f})"

@@ -6,7 +6,9 @@
 #             (pdl.first=3) / every GEMV but qkv's (pdl.first=2) / the decode attention
 #             pulling its first 2 or 8 tiles per program into L2 before its PDL wait
 #             (attn.prefetch), launched early or not
-#   bf16      the same for bf16 (decode_warp), and the best combinations for all three
+#   bf16      the same for bf16 (decode_warp); then 4k and 32k, bf16 / int8 / int4, PDL on
+#             and off, with the step's critical path by kernel role (decode.py's
+#             critical_us_by_role: what each kernel adds to the step's span)
 #   final     issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, defaults vs
 #             PDL off (pdl.on=0), side by side in one process
 # Usage: OUT=$OUT bash benchmarks/h200_s13.sh prefetch   (results: $OUT/r/)
@@ -22,6 +24,7 @@ prefetch)
   ;;
 bf16)
   decode_variants pf-bf16 200 bf16 ";pdl.first=3;attn.prefetch=2;attn.prefetch=2,attn.pdl_launch=1" --contexts 32k
+  decode_variants path 240 bf16,int8,int4 ";pdl.on=0" --contexts 4k,32k
   ;;
 final)
   timeout 400 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \

@@ -77,3 +77,26 @@ def test_decode_benchmark_parses_contexts() -> None:
     assert bench.parse_contexts("4k, 128k,100") == [4096, 131072, 100]
     with pytest.raises(ValueError):
         bench.parse_contexts("lots")
+
+
+def test_decode_benchmark_critical_path_charges_overlap_once() -> None:
+    """critical_path: overlapping kernels (PDL) are charged only the time they move the
+    end of the work done so far; gaps go to idle; a gap over 50 µs starts a new step."""
+    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    step = [("_gemv_kernel", 0.0, 10.0),                 # qkv
+            ("_quantize_store_kernel", 5.0, 12.0),      # overlaps qkv: charged 2
+            ("_decode_swap_gluon_kernel", 11.0, 30.0),  # charged 18
+            ("_decode_attn_reduce_kernel", 31.0, 33.0),  # 1 idle before, charged 2
+            ("_gemv_kernel", 20.0, 40.0),               # o, launched early: charged 7
+            ("_gemv_kernel", 40.0, 41.0),               # gate_up
+            ("_gemv_kernel", 41.0, 45.0),               # down
+            ("_gemv_kernel", 45.0, 50.0),               # lm_head
+            ("triton_poi_fused_argmax", 50.0, 50.5)]
+    later = [(n, a + 1000.0, b + 1000.0) for n, a, b in step]
+    got = bench.critical_path(step + later, 2, layers=1)
+    assert got == {"attention": 18.0, "qkv": 10.0, "o": 7.0, "lm_head": 5.0, "down": 4.0,
+                   "store": 2.0, "attention reduce": 2.0, "gate_up": 1.0, "idle": 1.0,
+                   "other": 0.5}
+    assert sum(got.values()) == 50.5
