@@ -223,6 +223,16 @@ def gemv_cases():
                            lambda: gm.gemv(x, w, silu_mul=s, **kw))))
 
 
+def argmax_cases():
+    """kvtax.models.argmax (greedy decoding's one-launch argmax) for each logits dtype."""
+    from kvtax.models import argmax as am
+
+    am._interpreting = lambda: True  # let the wrapper take CPU tensors
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(1, 128256, dtype=dtype)
+        yield f"argmax {dtype}", lambda x=x: am.argmax_rows(x)
+
+
 def _with_all_pdl(fn):  # noqa: ANN001, ANN202
     """Run fn with every kvtax.pdl launch forced on (CPU tensors: it would be off), with
     the dependents let go first thing and (kvtax.pdl.LATE) at the end."""
@@ -301,6 +311,7 @@ def main() -> int:
         cases += list(store_cases())
     if args.only in (None, "gemv"):
         cases += list(gemv_cases())
+        cases += list(argmax_cases())
     seen = set()
     for name, fn in cases:
         COMPILED.clear()

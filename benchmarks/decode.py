@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import variants  # noqa: E402
 from kvtax.models import Runner, get_config, load_model  # noqa: E402
+from kvtax.models.sampling import sample  # noqa: E402  (greedy: the one-launch argmax)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -189,7 +190,7 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
         kv_bytes = sum(c.used_nbytes for c in caches)
         tok = torch.randint(0, model.config.vocab_size, (args.batch, 1), device=dev)
         for _ in range(args.warmup):
-            tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
+            tok = sample(runner.decode_step(tok, caches))
         times = _time_steps(runner, caches, tok, args.tokens, args.max_cell_seconds)
         prof = kernel_breakdown(runner, caches, tok, args.profile) if args.profile else {}
         return {
@@ -235,7 +236,7 @@ def kernel_breakdown(runner, caches, tok, n: int) -> dict:  # noqa: ANN001
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
-            tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
+            tok = sample(runner.decode_step(tok, caches))
         torch.cuda.synchronize()
     by_kind: dict[str, float] = {}
     launches = 0
@@ -369,7 +370,7 @@ def _time_steps(
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
-            tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
+            tok = sample(runner.decode_step(tok, caches))
             times.append(1000 * (time.perf_counter() - t0))
             if time.perf_counter() > t_end:
                 break
@@ -378,7 +379,7 @@ def _time_steps(
     for _ in range(n):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)
+        tok = sample(runner.decode_step(tok, caches))
         end.record()
         events.append((start, end))
         if time.perf_counter() > t_end:

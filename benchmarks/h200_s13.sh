@@ -9,6 +9,11 @@
 #   bf16      the same for bf16 (decode_warp); then 4k and 32k, bf16 / int8 / int4, PDL on
 #             and off, with the step's critical path by kernel role (decode.py's
 #             critical_us_by_role: what each kernel adds to the step's span)
+#   argmax    GPU tests (the one-launch greedy argmax, PDL, runner, GEMVs, swap kernels),
+#             then decode.py with the new defaults (greedy argmax kernel; o / down GEMVs
+#             waiting after their first W tile; int4's attention launched early only
+#             where its grid fills every SM): int4 at 4k / 32k against an early launch
+#             and against waiting first thing (pdl.first=0), int8 at 32k against it
 #   final     issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, defaults vs
 #             PDL off (pdl.on=0), side by side in one process
 # Usage: OUT=$OUT bash benchmarks/h200_s13.sh prefetch   (results: $OUT/r/)
@@ -25,6 +30,12 @@ prefetch)
 bf16)
   decode_variants pf-bf16 200 bf16 ";pdl.first=3;attn.prefetch=2;attn.prefetch=2,attn.pdl_launch=1" --contexts 32k
   decode_variants path 240 bf16,int8,int4 ";pdl.on=0" --contexts 4k,32k
+  ;;
+argmax)
+  gpu_tests tests.log 200 tests/test_argmax.py tests/test_pdl_gpu.py tests/test_runner.py \
+    tests/test_gemv.py tests/test_kernels_swap_gpu.py
+  decode_variants int4-4k-32k 200 int4 ";attn.pdl_launch=1;pdl.first=0" --contexts 4k,32k
+  decode_variants int8-32k 100 int8 ";pdl.first=0" --contexts 32k
   ;;
 final)
   timeout 400 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \

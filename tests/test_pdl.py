@@ -38,20 +38,28 @@ def test_pdl_launch_follows_kinds(monkeypatch) -> None:
 @pytest.mark.parametrize("spec, launch, late", [("int4", True, False), ("int8", False, True),
                                                 ("bf16", False, True)])
 def test_decode_attention_asks_for_its_measured_placement(spec, launch, late, monkeypatch):
-    """The decode configs' PDL placement (docs/BENCHMARKS.md, session 12): int4's full
-    Gluon grid launches early and lets the reduce go first thing; int8 (swap, 8 per SM)
+    """The decode configs' PDL placement (docs/BENCHMARKS.md, sessions 12-13): int4's
+    full Gluon grid launches early and lets the reduce go first thing (a grid short of
+    every SM launches normally); int8 (swap, 8 per SM)
     and bf16 (decode_warp) launch normally and let it go at their end. KINDS / LATE still
     override: outside KINDS no early launch, in LATE always late."""
     monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
-    cache = ke.FullCache(spec, capacity=64)
+    cache = ke.FullCache(spec, capacity=4096)
     k = torch.randn(1, 2, 40, 128, dtype=torch.bfloat16)
     cache.append(k, k)
     q = torch.randn(1, 8, 1, 128, dtype=torch.bfloat16)
     view = cache.view()
     cfg = (ta.warp_decode_config(q, view) if spec == "bf16"
            else ta.swap_decode_config(q, view))
+    # a grid that fills the machine (lengths on the device: sized by the capacity)
+    lens = torch.tensor([40], dtype=torch.int32)
+    cfg = (ta.warp_decode_config(q, view, lens) if spec == "bf16"
+           else ta.swap_decode_config(q, view, lens))
     assert ta._pdl("attention", q, cfg) == {"PDL": True, "PDL_LATE": late, "launch_pdl": launch}
     assert ta._pdl("reduce", q) == {"PDL": True, "PDL_LATE": False, "launch_pdl": True}
+    if spec == "int4":  # a smaller grid launches normally (it would land unevenly)
+        small = ta.swap_decode_config(q, view)
+        assert small.num_splits < cfg.num_splits and not small.pdl_launch
     monkeypatch.setattr(pdl, "KINDS", pdl.ALL_KINDS - {"attention"})
     monkeypatch.setattr(pdl, "LATE", frozenset({"attention"}))
     assert ta._pdl("attention", q, cfg) == {"PDL": True, "PDL_LATE": True, "launch_pdl": False}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from kvtax.models import argmax
+
 
 def sample(
     logits: torch.Tensor,
@@ -26,6 +28,8 @@ def sample(
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
     if temperature == 0:
+        if logits.dim() == 2 and argmax.runs_on(logits.device) and logits.numel():
+            return argmax.argmax_rows(logits)  # one launch (torch's: a 27 µs reduction)
         return logits.argmax(dim=-1, keepdim=True)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1:

@@ -18,10 +18,11 @@ takes 2.49 µs per boundary over one kernel reading the same bytes; 1.66 µs whe
 read lets the next launch first thing and waits first thing, 0.68 µs when it waits
 after loading its first block). A program lets the next kernel launch at once and waits
 (`griddepcontrol.wait`) for the kernels before it to finish before its first load
-(PDL_FIRST=False, the default) or after issuing its first W tile (PDL_FIRST: weights
-depend on nothing the step writes; but inside the model that held the tile across the
-wait, 101 instead of 80 registers for qkv, and measured 2% slower than no PDL, while
-waiting first thing measured 1.2% faster: session 11, docs/BENCHMARKS.md).
+(PDL_FIRST=False) or after issuing its first W tile (PDL_FIRST: weights depend on
+nothing the step writes). Which launches wait where is kvtax.models.gemv.PDL_FIRST's
+choice: holding the tile across the wait costs qkv's RoPE launch 101 instead of 80
+registers (all launches so: 2% slower than no PDL, session 11), while the residual
+launches (o, down) keep 48 and gain a little (session 13, docs/BENCHMARKS.md).
 
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
