@@ -14,6 +14,10 @@
 #             waiting after their first W tile; int4's attention launched early only
 #             where its grid fills every SM): int4 at 4k / 32k against an early launch
 #             and against waiting first thing (pdl.first=0), int8 at 32k against it
+#   fold      GEMV / decoder GPU tests, then decode.py at 32k with the GEMVs summing each
+#             step's products in groups of 4 or 8 columns (GemvConfig.fold: accumulators
+#             8x narrower, gate/up and lm_head 121 -> 62 registers, twice the programs per
+#             SM), with o / down in 2-row blocks, or only gate/up and lm_head folded
 #   final     issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, defaults vs
 #             PDL off (pdl.on=0), side by side in one process
 # Usage: OUT=$OUT bash benchmarks/h200_s13.sh prefetch   (results: $OUT/r/)
@@ -36,6 +40,11 @@ argmax)
     tests/test_gemv.py tests/test_kernels_swap_gpu.py
   decode_variants int4-4k-32k 200 int4 ";attn.pdl_launch=1;pdl.first=0" --contexts 4k,32k
   decode_variants int8-32k 100 int8 ";pdl.first=0" --contexts 32k
+  ;;
+fold)
+  gpu_tests tests.log 120 tests/test_gemv.py tests/test_gemv_decoder.py
+  decode_variants fold-int4 240 int4 ";gemv.fold=8;gemv.fold=4;gemv.fold=8,o.block_n=2,down.block_n=2;gate_up.fold=8,lm_head.fold=8" --contexts 32k
+  decode_variants fold-int8 120 int8 ";gemv.fold=8" --contexts 32k
   ;;
 final)
   timeout 400 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \

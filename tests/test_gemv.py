@@ -89,6 +89,24 @@ def test_matches_reference(opt, m, dtype, split):
            what=f"{opt}-M{m}-split{split}")
 
 
+@pytest.mark.parametrize("fold", [2, 8])
+@pytest.mark.parametrize("split", [1, 3], ids=["split1", "split3"])
+@pytest.mark.parametrize("m,dtype", [(1, torch.bfloat16), (4, torch.float32)], ids=["M1", "M4"])
+def test_folded_accumulators_match_reference(m, dtype, split, fold):
+    """FOLD (products summed in groups of `fold` columns each step, narrower accumulators)
+    with every fusion, ragged K (masked loads) and split-K; and the RoPE launch."""
+    x, w, g, r = _inputs(m, 37, 100, dtype, seed=30 + m + fold, norm=True, residual=True,
+                         silu=True)
+    cfg = GemvConfig(block_n=8, block_k=32, split_k=split, fold=fold)
+    _check(x, w, norm_weight=g, residual=r, silu_mul=True, config=cfg, dtype=dtype,
+           what=f"fold{fold}-M{m}-split{split}")
+    d, t = 16, 2
+    x, w, g, _ = _inputs(t, 7 * d, 100, dtype, seed=40 + fold, norm=True, lead=(1, t))
+    cos, sin = _rope(t, d, dtype, seed=d)
+    _check(x, w, norm_weight=g, rope=(cos, sin, 5 * d), dtype=dtype,
+           config=GemvConfig(block_n=8, block_k=32, fold=fold), what=f"fold{fold}-rope")
+
+
 @pytest.mark.parametrize("split", [1, 3], ids=["split1", "split3"])
 @pytest.mark.parametrize("m,dtype", ROWS_DTYPE, ids=[f"M{m}-{str(d)[6:]}" for m, d in ROWS_DTYPE])
 def test_bias_with_norm_and_residual(m, dtype, split):
@@ -314,6 +332,10 @@ def test_bad_input_raises(monkeypatch):
         GemvConfig(block_n=3)
     with pytest.raises(OptionError, match="split_k"):
         GemvConfig(split_k=0)
+    with pytest.raises(OptionError, match="fold=3"):
+        GemvConfig(fold=3)
+    with pytest.raises(OptionError, match="fold=64 must be <= block_k=32"):
+        GemvConfig(block_k=32, fold=64)
     assert gm.unsupported_reason(x, w, norm_weight=g, residual=r) is None
     monkeypatch.setattr(gm, "_interpreting", lambda: False)
     if not ke.HAS_CUDA:

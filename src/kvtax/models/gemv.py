@@ -58,21 +58,24 @@ class GemvConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 1
+    fold: int = 1  # products summed in groups of `fold` columns each step (kernel FOLD)
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "block_k", "num_warps"):
+        for name in ("block_n", "block_k", "num_warps", "fold"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise OptionError(f"GemvConfig.{name}={v} must be a power of two")
         if not 1 <= self.split_k <= MAX_SPLIT_K:
             raise OptionError(f"GemvConfig.split_k={self.split_k} must be in 1..{MAX_SPLIT_K}")
+        if self.fold > self.block_k:
+            raise OptionError(f"GemvConfig.fold={self.fold} must be <= block_k={self.block_k}")
         if self.num_stages < 1:
             raise OptionError(f"GemvConfig.num_stages={self.num_stages} must be >= 1")
 
     @property
     def tag(self) -> str:
         return (f"n{self.block_n}-k{self.block_k}-s{self.split_k}-w{self.num_warps}"
-                f"-st{self.num_stages}")
+                f"-st{self.num_stages}" + (f"-f{self.fold}" if self.fold > 1 else ""))
 
 
 @lru_cache(maxsize=256)
@@ -317,7 +320,7 @@ def gemv(
     if reason is not None:
         raise ShapeError(f"gemv cannot run: {reason}")
     cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
-                                       config.num_warps, config.num_stages)
+                                       config.num_warps, config.num_stages, config.fold)
     if torch.compiler.is_compiling():
         cos, sin, rot = rope if rope is not None else (None, None, 0)
         y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul,
@@ -390,7 +393,7 @@ def _gemv(
         BIAS=bias is not None and not split, RESIDUAL=residual is not None and not split,
         SILU_MUL=silu_mul and not split, GELU=gelu, SPLIT=split,
         EVEN_K=k % k_per == 0 and k_per % cfg.block_k == 0,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **opts,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, FOLD=cfg.fold, **opts,
     )
     if split:
         block = min(1024, triton.next_power_of_2(n))

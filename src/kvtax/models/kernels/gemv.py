@@ -53,6 +53,16 @@ def _load_x(p_x, o_k, m_k, b_g, ss, NORM: tl.constexpr, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _fold(t, FOLD: tl.constexpr):
+    """`[R, C]` → `[R, C / FOLD]`: sums of FOLD neighbouring columns (FOLD 1: t)."""
+    if FOLD == 1:
+        out = t
+    else:
+        out = tl.sum(tl.reshape(t, [t.shape[0], t.shape[1] // FOLD, FOLD]), 2)
+    return out
+
+
+@triton.jit
 def _finish_row(
     acc, acc_u, ss, row, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS,
     N, K, stride_rm, stride_ym, eps, rope,
@@ -117,7 +127,7 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0, PDL: tl.constexpr = False,
-    PDL_FIRST: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
+    PDL_FIRST: tl.constexpr = False, PDL_LATE: tl.constexpr = False, FOLD: tl.constexpr = 1,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -128,7 +138,10 @@ def _gemv_kernel(
     row N - 1 (read, never stored) so the W loads need no row mask. ROPE (unsplit, N a
     multiple of HEAD_DIM, BLOCK_N even and dividing HEAD_DIM): see the module docstring;
     CS / SN `[n_pos, HEAD_DIM]`, rows below rope_rows rotated. PDL: see the module
-    docstring (the wait sits between the first step's W loads and its x loads).
+    docstring (the wait sits between the first step's W loads and its x loads). FOLD:
+    each step's products are summed in groups of FOLD neighbouring columns (a lane's own
+    16-byte vector) before they join the accumulators, which are then
+    `[BLOCK_N, BLOCK_K / FOLD]`: fewer registers, more programs per SM.
     """
     if PDL:
         if not PDL_LATE:  # PDL_LATE: at the end (kvtax.pdl)
@@ -149,14 +162,14 @@ def _gemv_kernel(
     o_w = tl.minimum(o_n, N - 1).to(tl.int64)
     p_w = W + o_w[:, None] * stride_wn  # [BLOCK_N, 1]
     p_u = W + (o_w + N)[:, None] * stride_wn  # up rows (SILU_MUL only)
-    acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    acc3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    up0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    up1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    up2 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    up3 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc0 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
+    up0 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
+    up1 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
+    up2 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
+    up3 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
     ss0 = tl.zeros([BLOCK_K], dtype=tl.float32)
     ss1 = tl.zeros([BLOCK_K], dtype=tl.float32)
     ss2 = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -187,24 +200,24 @@ def _gemv_kernel(
         if OFFSET:
             b_g = b_g + 1.0
         b_x, ss0 = _load_x(X, o_k, m_k, b_g, ss0, NORM, EVEN_K)
-        acc0 += b_w * b_x[None, :]
+        acc0 += _fold(b_w * b_x[None, :], FOLD)
         if SILU_MUL:
-            up0 += b_u * b_x[None, :]
+            up0 += _fold(b_u * b_x[None, :], FOLD)
         if ROWS > 1:
             b_x, ss1 = _load_x(X + stride_xm, o_k, m_k, b_g, ss1, NORM, EVEN_K)
-            acc1 += b_w * b_x[None, :]
+            acc1 += _fold(b_w * b_x[None, :], FOLD)
             if SILU_MUL:
-                up1 += b_u * b_x[None, :]
+                up1 += _fold(b_u * b_x[None, :], FOLD)
         if ROWS > 2:
             b_x, ss2 = _load_x(X + 2 * stride_xm, o_k, m_k, b_g, ss2, NORM, EVEN_K)
-            acc2 += b_w * b_x[None, :]
+            acc2 += _fold(b_w * b_x[None, :], FOLD)
             if SILU_MUL:
-                up2 += b_u * b_x[None, :]
+                up2 += _fold(b_u * b_x[None, :], FOLD)
         if ROWS > 3:
             b_x, ss3 = _load_x(X + 3 * stride_xm, o_k, m_k, b_g, ss3, NORM, EVEN_K)
-            acc3 += b_w * b_x[None, :]
+            acc3 += _fold(b_w * b_x[None, :], FOLD)
             if SILU_MUL:
-                up3 += b_u * b_x[None, :]
+                up3 += _fold(b_u * b_x[None, :], FOLD)
     rope = (CS, SN, stride_cs, n_pos, rope_rows, HEAD_DIM)
     _finish_row(acc0, up0, ss0, 0, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
                 stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
