@@ -18,6 +18,8 @@
 #             step's products in groups of 4 or 8 columns (GemvConfig.fold: accumulators
 #             8x narrower, gate/up and lm_head 121 -> 62 registers, twice the programs per
 #             SM), with o / down in 2-row blocks, or only gate/up and lm_head folded
+#   rows      decode.py at 32k, int4: GEMV tiles reading longer runs of each W row per
+#             step (2-4 KiB, or whole 8 KiB rows for gate/up), folded to keep registers
 #   final     issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, defaults vs
 #             PDL off (pdl.on=0), side by side in one process
 # Usage: OUT=$OUT bash benchmarks/h200_s13.sh prefetch   (results: $OUT/r/)
@@ -45,6 +47,9 @@ fold)
   gpu_tests tests.log 120 tests/test_gemv.py tests/test_gemv_decoder.py
   decode_variants fold-int4 240 int4 ";gemv.fold=8;gemv.fold=4;gemv.fold=8,o.block_n=2,down.block_n=2;gate_up.fold=8,lm_head.fold=8" --contexts 32k
   decode_variants fold-int8 120 int8 ";gemv.fold=8" --contexts 32k
+  ;;
+rows)
+  decode_variants rows-int4 240 int4 ";gate_up.block_n=1,gate_up.block_k=4096,gate_up.fold=8;gate_up.block_n=2,gate_up.block_k=2048,gate_up.fold=4;down.block_n=2,down.block_k=2048,down.fold=4;o.block_n=2,o.block_k=2048,o.fold=4" --contexts 32k
   ;;
 final)
   timeout 400 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
