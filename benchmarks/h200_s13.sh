@@ -20,6 +20,8 @@
 #             SM), with o / down in 2-row blocks, or only gate/up and lm_head folded
 #   rows      decode.py at 32k, int4: GEMV tiles reading longer runs of each W row per
 #             step (2-4 KiB, or whole 8 KiB rows for gate/up), folded to keep registers
+#   combo     decode.py at 32k, int4: the row-run tiles of call 5 combined (o and down,
+#             plus gate/up, plus qkv or lm_head with longer runs), down with whole rows
 #   final     issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, defaults vs
 #             PDL off (pdl.on=0), side by side in one process
 # Usage: OUT=$OUT bash benchmarks/h200_s13.sh prefetch   (results: $OUT/r/)
@@ -50,6 +52,12 @@ fold)
   ;;
 rows)
   decode_variants rows-int4 240 int4 ";gate_up.block_n=1,gate_up.block_k=4096,gate_up.fold=8;gate_up.block_n=2,gate_up.block_k=2048,gate_up.fold=4;down.block_n=2,down.block_k=2048,down.fold=4;o.block_n=2,o.block_k=2048,o.fold=4" --contexts 32k
+  ;;
+combo)
+  O="o.block_n=2,o.block_k=2048,o.fold=4"
+  D="down.block_n=2,down.block_k=2048,down.fold=4"
+  GU="gate_up.block_n=2,gate_up.block_k=2048,gate_up.fold=4"
+  decode_variants combo-int4 240 int4 ";$O,$D;$O,$D,$GU;$O,$D,$GU,qkv.block_k=1024,qkv.fold=4;$O,$D,$GU,lm_head.block_n=4,lm_head.block_k=2048,lm_head.fold=4;$O,down.block_n=2,down.block_k=4096,down.fold=8" --contexts 32k
   ;;
 final)
   timeout 400 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
