@@ -199,12 +199,16 @@ def test_default_config_fills_the_gpu():
             programs = -(-n // c.block_n) * c.split_k
             assert programs >= 132 and c.split_k == 1, (n, k, c)
             tiles = rows * (2 if silu else 1)
-            # 16+ programs per SM stream 2 KiB per row per step: up to twice the budget
-            assert c.block_n * c.block_k * tiles <= 2 * 32 * 32 * c.num_warps, (n, k, c)
+            # 16+ programs per SM stream 2 KiB per row per step: up to twice the budget;
+            # folded tiles keep block_k / fold accumulators per row
+            assert c.block_n * c.block_k // c.fold * tiles <= 2 * 32 * 32 * c.num_warps, (
+                n, k, c)
     assert default_config(6144, 4096).block_n == 8  # qkv: 768 blocks of 8 (5.8 per SM)
-    assert default_config(4096, 4096).block_n == 4  # o: 8-row blocks would give 3.9 per SM
-    assert default_config(4096, 14336).block_n == 4  # down
-    assert default_config(14336, 4096, silu_mul=True).block_k == 1024  # gate/up: 3584 blocks
+    # o, down, gate/up at one row: 2-row blocks, 4 KiB of each row per step, folded by 4
+    for n, k, silu in ((4096, 4096, False), (4096, 14336, False), (14336, 4096, True)):
+        assert default_config(n, k, silu_mul=silu) == GemvConfig(2, 2048, 1, 4, 1, 4)
+    assert default_config(4096, 4096, rows=4).fold == 1  # batch rows: the earlier tiles
+    assert default_config(14336, 4096, rows=2, silu_mul=True).fold == 1
     assert default_config(128256, 4096).block_k == 1024  # lm_head
     assert default_config(128256, 4096, rows=4).block_k == 512  # 4 rows: the budget holds
     c = default_config(256, 4096)  # 64 row blocks of 4: split to reach 132 SMs
