@@ -22,7 +22,8 @@
 #             step (2-4 KiB, or whole 8 KiB rows for gate/up), folded to keep registers
 #   combo     decode.py at 32k, int4: the row-run tiles of call 5 combined (o and down,
 #             plus gate/up, plus qkv or lm_head with longer runs), down with whole rows
-#   final     issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, defaults vs
+#   final     GEMV / decoder / runner / argmax GPU tests with the new GEMV defaults, then
+#             issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, defaults vs
 #             PDL off (pdl.on=0), side by side in one process
 # Usage: OUT=$OUT bash benchmarks/h200_s13.sh prefetch   (results: $OUT/r/)
 set -uo pipefail
@@ -60,7 +61,9 @@ combo)
   decode_variants combo-int4 240 int4 ";$O,$D;$O,$D,$GU;$O,$D,$GU,qkv.block_k=1024,qkv.fold=4;$O,$D,$GU,lm_head.block_n=4,lm_head.block_k=2048,lm_head.fold=4;$O,down.block_n=2,down.block_k=4096,down.fold=8" --contexts 32k
   ;;
 final)
-  timeout 400 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
+  gpu_tests tests.log 90 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py \
+    tests/test_argmax.py
+  timeout 420 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
     --compile on --tokens 32 --warmup 4 --variants ";pdl.on=0" --out "$R/decode.json" \
     > "$R/decode.log" 2>&1
   grep -E "^\||^#" "$R/decode.log"
