@@ -22,6 +22,9 @@
 #             step (2-4 KiB, or whole 8 KiB rows for gate/up), folded to keep registers
 #   combo     decode.py at 32k, int4: the row-run tiles of call 5 combined (o and down,
 #             plus gate/up, plus qkv or lm_head with longer runs), down with whole rows
+#   qkv       decode.py at 32k / 128k, int8 / int4: the qkv (RoPE) GEMV with longer runs
+#             per W row (2 rows x 4 KiB or 4 x 2 KiB per step, folded), against the
+#             defaults of the final call
 #   final     GEMV / decoder / runner / argmax GPU tests with the new GEMV defaults, then
 #             issue 4's benchmark at 32k / 64k / 128k, bf16 / int8 / int4, defaults vs
 #             PDL off (pdl.on=0), side by side in one process
@@ -59,6 +62,9 @@ combo)
   D="down.block_n=2,down.block_k=2048,down.fold=4"
   GU="gate_up.block_n=2,gate_up.block_k=2048,gate_up.fold=4"
   decode_variants combo-int4 240 int4 ";$O,$D;$O,$D,$GU;$O,$D,$GU,qkv.block_k=1024,qkv.fold=4;$O,$D,$GU,lm_head.block_n=4,lm_head.block_k=2048,lm_head.fold=4;$O,down.block_n=2,down.block_k=4096,down.fold=8" --contexts 32k
+  ;;
+qkv)
+  decode_variants qkv 250 int8,int4 ";qkv.block_n=2,qkv.block_k=2048,qkv.fold=4;qkv.block_n=4,qkv.block_k=1024,qkv.fold=4" --contexts 32k,128k
   ;;
 final)
   gpu_tests tests.log 90 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py \
