@@ -92,10 +92,6 @@ def attention_cases(full: bool):
             # the decode kernel and the reduce launched with PDL (warp / tile kernels)
             yield f"{name} pdl", lambda q=q, v=cache.view(): _with_all_pdl(
                 lambda: ta.triton_attention(q, v))
-            if not sliding and spec != "int4-g32":  # decode_warp: first tiles into L2 early
-                yield f"{name} pdl prefetch", lambda q=q, v=cache.view(): _with_all_pdl(
-                    lambda: ta.triton_attention(q, v, config=ta.warp_decode_config(
-                        q, v, prefetch=2)))
 
 
 def swap_cases():
@@ -118,9 +114,6 @@ def swap_cases():
         if dtype == torch.bfloat16:  # Gluon (int8, int4) or the Triton twin, with PDL
             yield f"{name} pdl", lambda q=q, v=cache.view(): _with_all_pdl(
                 lambda: ta.triton_attention(q, v, config=ta.swap_decode_config(q, v)))
-            yield f"{name} pdl prefetch", lambda q=q, v=cache.view(): _with_all_pdl(
-                lambda: ta.triton_attention(q, v, config=ta.swap_decode_config(
-                    q, v, prefetch=2)))
 
 
 def hybrid_cases(full: bool):

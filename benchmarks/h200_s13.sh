@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Session 13's device calls (what ran, for docs/BENCHMARKS.md and notes/KERNELS.md):
-#   prefetch  GPU tests (PDL with the decode kernels prefetching, the GEMV chain with each
+#   prefetch  (at 07d4f2c; attn.prefetch was reverted after it measured no faster)
+#             GPU tests (PDL with the decode kernels prefetching, the GEMV chain with each
 #             wait placement), then decode.py at 32k, int4 and int8, side by side: the
 #             defaults / the o and down GEMVs waiting after their first W tile
 #             (pdl.first=3) / every GEMV but qkv's (pdl.first=2) / the decode attention
 #             pulling its first 2 or 8 tiles per program into L2 before its PDL wait
 #             (attn.prefetch), launched early or not
-#   bf16      the same for bf16 (decode_warp); then 4k and 32k, bf16 / int8 / int4, PDL on
+#   bf16      (at fd695e7, attn.prefetch since reverted) the same for bf16 (decode_warp); then 4k and 32k, bf16 / int8 / int4, PDL on
 #             and off, with the step's critical path by kernel role (decode.py's
 #             critical_us_by_role: what each kernel adds to the step's span)
 #   argmax    GPU tests (the one-launch greedy argmax, PDL, runner, GEMVs, swap kernels),

@@ -74,23 +74,16 @@ class LaunchConfig:
     # limit (swap_decode_config); int4's full grid opts into the early one.
     pdl_launch: bool = False
     pdl_late: bool = True
-    # decode under PDL: tiles per program pulled into L2 before the wait (the kernels
-    # that take it: decode_swap_gluon.py, decode_warp.py when strided)
-    prefetch: int = 0
 
 
-def _pdl(kind: str, q: torch.Tensor, cfg: LaunchConfig | None = None,
-         prefetch: bool = False) -> dict:
+def _pdl(kind: str, q: torch.Tensor, cfg: LaunchConfig | None = None) -> dict:
     """Launch keywords for programmatic dependent launch (kvtax.pdl): the decode kernels'
     and the reduce's PDL / PDL_LATE constexprs and launch_pdl; {} when off. A decode
-    kernel's config narrows them (`pdl_launch`, `pdl_late`; see swap_decode_config) and,
-    for a kernel that takes it (`prefetch`), sets PREFETCH."""
+    kernel's config narrows them (`pdl_launch`, `pdl_late`; see swap_decode_config)."""
     opts = pdl.launch_options(kind, q, _interpreting())
     if opts and cfg is not None:
         opts["launch_pdl"] = opts["launch_pdl"] and cfg.pdl_launch
         opts["PDL_LATE"] = opts["PDL_LATE"] or cfg.pdl_late
-        if prefetch:
-            opts["PREFETCH"] = cfg.prefetch
     return opts
 
 
@@ -198,15 +191,14 @@ def warp_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     block_n: int = 32, per_sm: int = 8, num_stages: int = 3, num_warps: int = 1,
     maxnreg: int | None = None, v_pairs: bool = True, lazy: bool = True,
-    strided: bool = True, pdl_launch: bool = False, pdl_late: bool = True, prefetch: int = 0,
+    strided: bool = True, pdl_launch: bool = False, pdl_late: bool = True,
 ) -> LaunchConfig:
     """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
     wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
     128k, notes/KERNELS.md); splits of >= 4 tiles. `pdl_launch` / `pdl_late`: see
     swap_decode_config (bf16 at 32k in the model, H200, session 12 call 4: a normal launch
     letting go at the end 5.163 ms per token, launched early 5.403, letting go first
-    thing 5.430, PDL on the GEMVs only 5.199). `prefetch`: as swap_decode_config's
-    (strided splits only)."""
+    thing 5.430, PDL on the GEMVs only 5.199)."""
     bh = q.shape[0] * view.num_kv_heads
     tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
     # rounded down: a few programs past per_sm x SMs would run as a second, nearly empty wave
@@ -214,14 +206,13 @@ def warp_decode_config(
     splits = max(1, min(want, triton.cdiv(tiles, 4), 1024))
     return LaunchConfig("decode", 16, block_n, num_warps, num_stages, splits, kernel="warp",
                         maxnreg=maxnreg, v_pairs=v_pairs, lazy=lazy, strided=strided,
-                        pdl_launch=pdl_launch, pdl_late=pdl_late, prefetch=prefetch)
+                        pdl_launch=pdl_launch, pdl_late=pdl_late)
 
 
 def swap_decode_config(
     q: torch.Tensor, view: CacheView, lengths: torch.Tensor | None = None, *,
     per_sm: int | None = None, num_stages: int = 2, lazy: bool = True,
     maxnreg: int | None = None, pdl_launch: bool | None = None, pdl_late: bool | None = None,
-    prefetch: int = 0,
 ) -> LaunchConfig:
     """decode_swap's launch: one warp per program, 32-slot steps, two stages,
     `per_sm` programs per SM: 12 for int4 K and V, else 8 (the Gluon kernel's best on the
@@ -242,8 +233,9 @@ def swap_decode_config(
     8B, session 12: int8 at 8 per SM, 32k: 4.923 ms per token launched early letting go
     first thing, 4.657 letting go at the end, 4.682 with PDL on the GEMVs only; 128k:
     6.510 launched early, 6.406 without PDL; int4 at 12 per SM, 32k: 4.437 first thing,
-    4.469 at the end). `prefetch`: under PDL, each program's first `prefetch` tiles are
-    pulled into L2 before its wait (0: none; a sweep knob)."""
+    4.469 at the end). Pulling each program's first tiles into L2 before its PDL wait
+    measured no faster (int4 at 32k, 2 tiles: 4.489 vs 4.483 ms; 8: 4.643; int8 +1.2%;
+    session 13 call 1, experiment reverted)."""
     if per_sm is None:
         int4 = all(_is_int4(f) for f in (view.spec.key, view.spec.value))
         per_sm = 12 if int4 else 8
@@ -254,18 +246,13 @@ def swap_decode_config(
     if pdl_launch is None:
         # early only where the grid fills every SM: a smaller grid launched early lands
         # on the SMs that had room first (int4 at 4k, 256 programs: 10.8 µs of the
-        # step's critical path per layer vs 7.0 without PDL, session 13 call 2)
+        # step's critical path per layer vs 7.0 without PDL, session 13 call 2; the
+        # whole step 4.279 ms launched early vs 4.175 normally, call 3)
         pdl_launch = per_sm >= 12 and splits == want
     if pdl_late is None:
         pdl_late = per_sm < 12
-    if prefetch and maxnreg is None and per_sm == 12:
-        # the prefetch's addresses take the Gluon kernel from 167 to 187 registers (sm_90,
-        # Triton 3.9; 3.6: 161 either way): 10 programs per SM instead of 12. Capped at
-        # 168 (12 programs x 32 lanes x 168 fit 64 Ki) it compiles to 161, no spills
-        maxnreg = 168
     return LaunchConfig("decode", 16, 32, 1, num_stages, splits, kernel="swap", lazy=lazy,
-                        maxnreg=maxnreg, pdl_launch=pdl_launch, pdl_late=pdl_late,
-                        prefetch=prefetch)
+                        maxnreg=maxnreg, pdl_launch=pdl_launch, pdl_late=pdl_late)
 
 
 def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
@@ -672,9 +659,8 @@ def _triton_attention(
             raise ShapeError(f"decode_warp kernel cannot run this call: {reason or 'rows'}")
         _decode_warp_kernel[(b * h_kv, splits)](
             q, part_o, part_m, part_l, *cache_args, scalars[0], n_q, splits, *scalars[2:],
-            *q.stride(), *strides, **masks, n_cap=kc.shape[2],
-            HAS_MIN_DIST=common["HAS_MIN_DIST"], **_warp_args(view, q.dtype, cfg, common),
-            **_pdl("attention", q, cfg, prefetch=True),
+            *q.stride(), *strides, **masks, HAS_MIN_DIST=common["HAS_MIN_DIST"],
+            **_warp_args(view, q.dtype, cfg, common), **_pdl("attention", q, cfg),
         )
     else:
         _decode_attn_split_kernel[(b * h_kv, splits)](
@@ -721,15 +707,14 @@ def _launch_swap_gluon(q, view, part_o, part_m, part_l, lengths, qk_scale, split
     vc16 = vc.view(torch.int16)
     _gluon_swap_kernel()[(b * h_kv, splits)](
         q, part_o, part_m, part_l, kc, vc16, *words,
-        lengths if lengths is not None else kc, view.length, kc.shape[2], q.shape[2], splits,
-        h_kv,
+        lengths if lengths is not None else kc, view.length, q.shape[2], splits, h_kv,
         qk_scale, *q.stride(), *kc.stride()[:3], *words[0].stride()[:2],
         *vc16.stride()[:3], *words[2].stride()[:2],
         G=q.shape[1] // h_kv, D=view.head_dim, STAGES=cfg.num_stages,
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
         INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, LAZY=cfg.lazy,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
-        **_pdl("attention", q, cfg, prefetch=True),
+        **_pdl("attention", q, cfg),
     )
 
 

@@ -17,22 +17,9 @@ def pdl_enter(PDL: tl.constexpr, LATE: tl.constexpr):
     """With PDL (kvtax.pdl): let the next kernel launch (unless LATE: see pdl_exit), then
     wait for the kernels before this one to finish, before any memory access (they wrote
     q, the new K/V slot, the length; and read the partials this kernel overwrites)."""
-    pdl_trigger(PDL, LATE)
-    pdl_wait(PDL)
-
-
-@triton.jit
-def pdl_trigger(PDL: tl.constexpr, LATE: tl.constexpr):
-    """pdl_enter's first half: let the next kernel launch now (PDL and not LATE)."""
     if PDL:
         if not LATE:
             gdc_launch_dependents()
-
-
-@triton.jit
-def pdl_wait(PDL: tl.constexpr):
-    """pdl_enter's second half: wait for the kernels before this one (PDL)."""
-    if PDL:
         gdc_wait()
 
 
@@ -43,25 +30,6 @@ def pdl_exit(PDL: tl.constexpr, LATE: tl.constexpr):
     if PDL:
         if LATE:
             gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_l2(ptrs):
-    """Pull the 128-byte line of each pointer in `ptrs` into L2 (a hint: no data comes
-    back, and a line another SM writes later is updated in L2, so it cannot go stale)."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-        dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_rows(p, slot, s_t, ROW_BYTES: tl.constexpr):
-    """L2 prefetch of rows `slot` `[BLOCK_N]` of `p` (row stride `s_t` elements, rows of
-    ROW_BYTES bytes, a power of two): one pointer per 128-byte line of each row."""
-    ELEM: tl.constexpr = p.dtype.element_ty.primitive_bitwidth // 8
-    LINES: tl.constexpr = ROW_BYTES // 128 if ROW_BYTES > 128 else 1
-    o_l = tl.arange(0, LINES) * (128 // ELEM)
-    prefetch_l2(p + slot.to(tl.int64)[:, None] * s_t + o_l[None, :])
 
 
 @triton.jit

@@ -26,8 +26,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from kvtax.attention.kernels import swap_asm
-# scalar-only triton.jit functions: Gluon calls them
-from kvtax.attention.kernels.common import pdl_exit, pdl_trigger, pdl_wait
+from kvtax.attention.kernels.common import pdl_enter, pdl_exit  # scalar-only: Gluon calls them
 
 # version bridges: cp.async global->shared is `async_copy_global_to_shared` on 3.6 and
 # `async_load` on 3.9 (the old name raises there); the partition barrier `thread_barrier`
@@ -81,33 +80,6 @@ def _x4_pairs(w):
 
 
 @gluon.jit
-def _prefetch_l2(ptrs):
-    """Pull the 128-byte line of each pointer into L2 (a hint: no data comes back, and a
-    line written later by another SM is updated in L2, so it cannot go stale)."""
-    gl.inline_asm_elementwise(
-        asm="prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", constraints="=r,l",
-        args=[ptrs], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _prefetch_tiles(p_kc, p_vc, p_ksw, p_kbw, p_vsw, p_vbw, split, num_splits, cap,
-                    s_kc_t, s_vc_t, PREFETCH: gl.constexpr):
-    """L2 prefetch of this program's first PREFETCH tiles (K codes, V pairs, the four
-    metadata words; one pointer per slot row and line), slots clamped below the cache's
-    capacity `cap`: issued before the PDL wait, when the length is not yet readable."""
-    lane_l: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    lane = gl.arange(0, 32, layout=lane_l)
-    for j in gl.static_range(PREFETCH):
-        slot = gl.minimum((split + j * num_splits) * 32 + lane, cap - 1).to(gl.int64)
-        _prefetch_l2(p_kc + slot * s_kc_t)  # rows of <= 128 bytes at head_dim 128
-        _prefetch_l2(p_vc + slot * s_vc_t)
-        _prefetch_l2(p_ksw + slot)
-        _prefetch_l2(p_kbw + slot)
-        _prefetch_l2(p_vsw + slot)
-        _prefetch_l2(p_vbw + slot)
-
-
-@gluon.jit
 def _halves(w, MDT: gl.constexpr):
     """uint32 words (lo-half value, hi-half value) in the model dtype -> two fp32."""
     lo = w.to(gl.int16).to(MDT, bitcast=True).to(gl.float32)
@@ -140,22 +112,19 @@ def _fold_streams(x, PH: gl.constexpr, st_l: gl.constexpr):
 @gluon.jit
 def _decode_swap_gluon_kernel(
     q_ptr, part_o, part_m, part_l, kc, vc, ksw, kbw, vsw, vbw, lens,
-    length_host, cap, n_q, num_splits, n_kv_heads, qk_scale,
+    length_host, n_q, num_splits, n_kv_heads, qk_scale,
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
     INT4: gl.constexpr, HAS_LENS: gl.constexpr, LAZY: gl.constexpr = False,
-    PDL: gl.constexpr = False, PDL_LATE: gl.constexpr = False, PREFETCH: gl.constexpr = 0,
+    PDL: gl.constexpr = False, PDL_LATE: gl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
     ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT).
-    Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4).
-    `cap`: the cache's slots. PREFETCH (under PDL): tiles pulled into L2 before the wait
-    (the old slots depend on no kernel of this step; the length does, so slots are
-    clamped to `cap` instead)."""
-    pdl_trigger(PDL, PDL_LATE)
+    Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4)."""
+    pdl_enter(PDL, PDL_LATE)
     SUB: gl.constexpr = 16
     BN: gl.constexpr = 32
     NC: gl.constexpr = 8
@@ -175,13 +144,6 @@ def _decode_swap_gluon_kernel(
     split = gl.program_id(1)
     b = (pid_bh // n_kv_heads).to(gl.int64)
     h = (pid_bh % n_kv_heads).to(gl.int64)
-    if PDL:
-        if PREFETCH > 0:
-            _prefetch_tiles(kc + b * s_kc_b + h * s_kc_h, vc + b * s_vc_b + h * s_vc_h,
-                            ksw + b * s_km_b + h * s_km_h, kbw + b * s_km_b + h * s_km_h,
-                            vsw + b * s_vm_b + h * s_vm_h, vbw + b * s_vm_b + h * s_vm_h,
-                            split, num_splits, cap, s_kc_t, s_vc_t, PREFETCH)
-    pdl_wait(PDL)
     if HAS_LENS:
         length = gl.load(lens + b)
     else:

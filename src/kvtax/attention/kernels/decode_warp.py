@@ -32,8 +32,7 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels.common import (
-    _dot_acc, _tanh, head_pointers, pdl_exit, pdl_trigger, pdl_wait, prefetch_rows,
-    sequence_of, split_range, visible,
+    _dot_acc, _tanh, head_pointers, pdl_enter, pdl_exit, sequence_of, split_range, visible,
 )
 
 
@@ -398,32 +397,6 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
 
 
 @triton.jit
-def _prefetch_tiles(Kc, Ks, Vc, Vs, pid_bh, split, num_splits, n_kv_heads, n_cap,
-                    s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
-                    s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
-                    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, K_FMT: tl.constexpr,
-                    V_FMT: tl.constexpr, PREFETCH: tl.constexpr):
-    """L2 prefetch of the strided split's first PREFETCH tiles (code rows, and the first
-    scale of quantized rows; biases share the scales' lines only by chance, so they are
-    left to the loads)."""
-    b = (pid_bh // n_kv_heads).to(tl.int64)
-    h = (pid_bh % n_kv_heads).to(tl.int64)
-    K_ROW: tl.constexpr = HEAD_DIM // 2 if K_FMT == 2 else HEAD_DIM
-    V_ROW: tl.constexpr = HEAD_DIM // 2 if V_FMT == 2 else HEAD_DIM
-    K_ELEM: tl.constexpr = Kc.dtype.element_ty.primitive_bitwidth // 8
-    V_ELEM: tl.constexpr = Vc.dtype.element_ty.primitive_bitwidth // 8
-    for j in tl.static_range(PREFETCH):
-        slot = tl.minimum((split + j * num_splits) * BLOCK_N + tl.arange(0, BLOCK_N),
-                          n_cap - 1)
-        prefetch_rows(Kc + b * s_kc_b + h * s_kc_h, slot, s_kc_t, K_ROW * K_ELEM)
-        prefetch_rows(Vc + b * s_vc_b + h * s_vc_h, slot, s_vc_t, V_ROW * V_ELEM)
-        if K_FMT == 1 or K_FMT == 2:
-            prefetch_rows(Ks + b * s_km_b + h * s_km_h, slot, s_km_t, 1)
-        if V_FMT == 1 or V_FMT == 2:
-            prefetch_rows(Vs + b * s_vm_b + h * s_vm_h, slot, s_vm_t, 1)
-
-
-@triton.jit
 def _first(x, off, step):
     """The first of the tiles off, off + step, off + 2 step, ... at or past slot x."""
     return off + tl.cdiv(tl.maximum(x - off, 0), step) * step
@@ -436,7 +409,7 @@ def _decode_warp_kernel(
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
-    min_dist, min_key, n_cap,
+    min_dist, min_key,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
     K_DT: tl.constexpr, V_DT: tl.constexpr,
@@ -444,20 +417,11 @@ def _decode_warp_kernel(
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
     LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True, PDL: tl.constexpr = False,
-    PDL_LATE: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+    PDL_LATE: tl.constexpr = False,
 ):
-    """PREFETCH (under PDL, STRIDED): this program's first PREFETCH tiles are pulled into
-    L2 before the PDL wait (old slots depend on no kernel of this step; the length does,
-    so slots are clamped below the cache's `n_cap` slots instead)."""
-    pdl_trigger(PDL, PDL_LATE)
+    pdl_enter(PDL, PDL_LATE)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
-    if PDL and PREFETCH > 0 and STRIDED:
-        _prefetch_tiles(Kc, Ks, Vc, Vs, pid_bh, split, num_splits, n_kv_heads, n_cap,
-                        s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
-                        s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
-                        HEAD_DIM, BLOCK_N, K_FMT, V_FMT, PREFETCH)
-    pdl_wait(PDL)
     b, h, length, num_slots, kv0 = sequence_of(
         pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring, IS_RING, HAS_LENS,
         HAS_KV_START)
