@@ -139,9 +139,10 @@ def _gemv_kernel(
     multiple of HEAD_DIM, BLOCK_N even and dividing HEAD_DIM): see the module docstring;
     CS / SN `[n_pos, HEAD_DIM]`, rows below rope_rows rotated. PDL: see the module
     docstring (the wait sits between the first step's W loads and its x loads). FOLD:
-    each step's products are summed in groups of FOLD neighbouring columns (a lane's own
-    16-byte vector) before they join the accumulators, which are then
-    `[BLOCK_N, BLOCK_K / FOLD]`: fewer registers, more programs per SM.
+    each step's products are summed in groups of FOLD neighbouring columns (within a
+    lane's own vector: no shuffles) before they join the accumulators, which are then
+    `[BLOCK_N, BLOCK_K / FOLD]`, so a tile with long runs per W row (2 x 2048) fits the
+    registers (kvtax.models.gemv.default_config).
     """
     if PDL:
         if not PDL_LATE:  # PDL_LATE: at the end (kvtax.pdl)
