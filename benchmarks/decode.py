@@ -258,7 +258,8 @@ def kernel_breakdown(runner, caches, tok, n: int) -> dict:  # noqa: ANN001
         "launches_per_step": launches / n,
         "top_kernels_ms": dict(sorted(top.items(), key=lambda kv: -kv[1])[:12]),
         "gemv_by_shape": gemv_by_shape(prof, n, runner.model),
-        "critical_us_by_role": critical_path(_kernel_spans(prof), n, runner.model.config.num_layers),
+        "critical_us_by_role": critical_path(_kernel_spans(prof), n,
+                                             runner.model.config.num_layers),
     }
 
 
@@ -274,6 +275,11 @@ _ROLES = (("_gemv_reduce", "gemv split-K reduce"), ("_quantize_store", "store"),
           ("_decode_", "attention"))
 
 
+def _projection_order(layers: int) -> list[str]:
+    """The fused GEMV launches of one decode step, in order: four per layer, then lm_head."""
+    return ["qkv", "o", "gate_up", "down"] * layers + ["lm_head"]
+
+
 def critical_path(spans: list[tuple[str, float, float]], n: int, layers: int) -> dict:
     """µs per decode step by role (qkv, o, gate_up, down, lm_head, store, attention,
     attention reduce, other, idle): how far each kernel moved the end of the work done so
@@ -281,9 +287,9 @@ def critical_path(spans: list[tuple[str, float, float]], n: int, layers: int) ->
     one before it runs and waits inside), so their durations add up to more than the
     step; this attribution sums to the step's span instead: in the order they end, a
     kernel ending at `e` is charged e - max(E, its start), E the latest end before it,
-    and a gap between E and its start (nothing running) is charged to idle. `n` steps; gaps over 50 µs are step boundaries
-    (host time, not charged)."""
-    names = ["qkv", "o", "gate_up", "down"] * layers + ["lm_head"]
+    and a gap between E and its start (nothing running) is charged to idle. `n` steps;
+    gaps over 50 µs are step boundaries (host time, not charged)."""
+    names = _projection_order(layers)
     roles, k_gemv = [], 0
     for name, start, end in sorted(spans, key=lambda s: s[1]):  # launch order: GEMV roles
         if name.startswith("_gemv_kernel"):
@@ -323,7 +329,7 @@ def gemv_by_shape(prof, n: int, model) -> dict:  # noqa: ANN001
     layers = model.config.num_layers
     if not gemvs or len(gemvs) != n * (4 * layers + 1):
         return {}
-    names = ["qkv", "o", "gate_up", "down"] * layers + ["lm_head"]
+    names = _projection_order(layers)
     blk = model.layers[0]
     weights = {"qkv": blk.attn.wqkv.weight, "o": blk.attn.wo.weight,
                "gate_up": blk.mlp.w13.weight, "down": blk.mlp.w2.weight,
