@@ -15,6 +15,7 @@ Exits 1 if any variant fails to compile.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 import traceback
@@ -214,6 +215,16 @@ def gemv_cases():
                 yield (f"gemv {name} {fusion} default pdl, wait after the first W tile",
                        lambda x=x, w=w, kw=kw, s=gated: _with_gemv_first(lambda: _with_all_pdl(
                            lambda: gm.gemv(x, w, silu_mul=s, **kw))))
+                # W lines asked of L2 before the wait (GemvConfig.prefetch), both placements
+                n_out = n if gated else w.shape[0]
+                pf = dataclasses.replace(gm.default_config(n_out, k, silu_mul=gated), prefetch=2)
+                yield (f"gemv {name} {fusion} {pf.tag} pdl",
+                       lambda x=x, w=w, kw=kw, s=gated, pf=pf: _with_all_pdl(lambda: gm.gemv(
+                           x, w, silu_mul=s, config=pf, **kw)))
+                yield (f"gemv {name} {fusion} {pf.tag} pdl, wait after the first W tile",
+                       lambda x=x, w=w, kw=kw, s=gated, pf=pf: _with_gemv_first(
+                           lambda: _with_all_pdl(lambda: gm.gemv(
+                               x, w, silu_mul=s, config=pf, **kw))))
 
 
 def argmax_cases():
@@ -224,6 +235,11 @@ def argmax_cases():
     for dtype in (torch.float32, torch.bfloat16):
         x = torch.randn(1, 128256, dtype=dtype)
         yield f"argmax {dtype}", lambda x=x: am.argmax_rows(x)
+        # the greedy decode graph's launch: the token into the step's buffer, counters on
+        tok, pos = torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+        lens = torch.zeros(1, dtype=torch.int32)
+        yield (f"argmax {dtype} out+advance",
+               lambda x=x, t=tok, p=pos, n=lens: am.argmax_rows(x, out=t, advance=(p, n)))
 
 
 def _with_all_pdl(fn):  # noqa: ANN001, ANN202

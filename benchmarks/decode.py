@@ -6,6 +6,9 @@ the same run (a large device copy and a large reduction; the faster one counts, 
 roofline is the stricter one), builds a model with random weights (default Llama-3.1-8B
 shapes in bf16), and for each context and KV format times real decode steps of the model
 (CUDA-graph replay where available; median and p20/p80 over --tokens steps, CUDA events).
+A timed step is the runner's greedy step (`Runner.decode_greedy`: the argmax inside the
+graph, which feeds its own next replay); `--step logits` (or the variant `step.greedy=0`)
+times `decode_step` (logits out of the graph) then `sample` instead.
 
 The prompt is NOT prefetched through the model: to reach 128k in seconds the cache is
 filled directly with random K/V (N(0, 1), quantized on append exactly as a prefill would
@@ -59,6 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
                    help="weight dtype (default bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--no-cuda-graph", action="store_true", help="time eager decode instead")
+    p.add_argument("--step", choices=["greedy", "logits"], default="greedy",
+                   help="what a timed step is: greedy (Runner.decode_greedy, the argmax "
+                        "captured with the step; default) or logits (decode_step, then the "
+                        "argmax outside the graph)")
     p.add_argument("--compile", choices=["off", "on", "both"], default="off",
                    help="torch.compile the decode step before capturing its graph (fuses "
                         "norms, RoPE, adds; compile time is excluded from the timing); "
@@ -139,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         row = {"config": cfg.name, "context": ctx, "kv": kv, "batch": args.batch,
                "dtype": str(dtype), "device": _device_name(dev),
                "weight_bytes": weight_bytes, "read_bw_Bps": bw, "compiled": compiled,
-               "gemv": args.gemv, "variant": variant}
+               "gemv": args.gemv, "variant": variant,
+               "step": "greedy" if variants.greedy_step(variant, args.step == "greedy")
+               else "logits"}
         try:
             with variants.apply(variant, model):
-                row.update(run_cell(model, kv, ctx, args, compiled))
+                row.update(run_cell(model, kv, ctx, args, compiled, row["step"] == "greedy"))
             total = weight_bytes + row["kv_bytes"]
             row["roofline_ms"] = 1000 * total / bw
             row["roofline_fraction"] = row["roofline_ms"] / row["ms_median"]
@@ -173,8 +182,9 @@ def write_json(args, dev, dtype, bw, torch_bw, kernel_bw, rows) -> None:  # noqa
 
 
 def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
-             compiled: bool = False) -> dict:
-    """Fill a cache to `ctx` tokens with random K/V, then time real decode steps."""
+             compiled: bool = False, greedy: bool = True) -> dict:
+    """Fill a cache to `ctx` tokens with random K/V, then time real decode steps (greedy:
+    Runner.decode_greedy; else decode_step and sample)."""
     dev = model.embed.weight.device
     if compiled:
         torch._dynamo.reset()  # a fresh trace per cell: new caches, no recompile limit hit
@@ -189,10 +199,11 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
         fill_random(caches, model, ctx, args.batch, chunk=runner.chunk_size)
         kv_bytes = sum(c.used_nbytes for c in caches)
         tok = torch.randint(0, model.config.vocab_size, (args.batch, 1), device=dev)
+        step = _stepper(runner, caches, greedy)
         for _ in range(args.warmup):
-            tok = sample(runner.decode_step(tok, caches))
-        times = _time_steps(runner, caches, tok, args.tokens, args.max_cell_seconds)
-        prof = kernel_breakdown(runner, caches, tok, args.profile) if args.profile else {}
+            tok = step(tok)
+        times = _time_steps(step, tok, args.tokens, args.max_cell_seconds)
+        prof = kernel_breakdown(runner, step, tok, args.profile, greedy) if args.profile else {}
         return {
             **prof,
             "kv_bytes": kv_bytes,
@@ -201,7 +212,7 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
             "ms_p20": _quantile(times, 0.2),
             "ms_p80": _quantile(times, 0.8),
             "steps": len(times),
-            "cuda_graph": runner._graph is not None,
+            "cuda_graph": (runner._greedy if greedy else runner._graph) is not None,
             "graph_off_reason": runner.graph_disabled_reason,
             "gemv": "triton" if runner.fused_gemv else "torch",  # what --gemv auto chose
             "peak_bytes": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
@@ -221,7 +232,14 @@ _KINDS = (
 )
 
 
-def kernel_breakdown(runner, caches, tok, n: int) -> dict:  # noqa: ANN001
+def _stepper(runner: Runner, caches, greedy: bool):  # noqa: ANN001, ANN202
+    """token ids `[B, 1]` → the next ones: one decode step as the cell times it."""
+    if greedy:
+        return lambda tok: runner.decode_greedy(tok, caches)
+    return lambda tok: sample(runner.decode_step(tok, caches))
+
+
+def kernel_breakdown(runner, step, tok, n: int, greedy: bool = True) -> dict:  # noqa: ANN001
     """GPU kernel time per decode step by kind, from torch.profiler over `n` steps.
 
     The steps run as the timing ran them: CUDA-graph replays (CUPTI reports the kernels
@@ -232,11 +250,11 @@ def kernel_breakdown(runner, caches, tok, n: int) -> dict:  # noqa: ANN001
 
     if not tok.is_cuda or n <= 0:
         return {}
-    runner.decode_step(tok, caches)
+    tok = step(tok)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
-            tok = sample(runner.decode_step(tok, caches))
+            tok = step(tok)
         torch.cuda.synchronize()
     by_kind: dict[str, float] = {}
     launches = 0
@@ -252,7 +270,8 @@ def kernel_breakdown(runner, caches, tok, n: int) -> dict:  # noqa: ANN001
         launches += evt.count
         top[evt.key[:80]] = top.get(evt.key[:80], 0.0) + us / 1000 / n
     return {
-        "profiled": "graph" if runner._graph is not None and runner.cuda_graph else "eager",
+        "profiled": "graph" if (runner._greedy if greedy else runner._graph) is not None
+        and runner.cuda_graph else "eager",
         "kernel_ms_per_step": sum(by_kind.values()),
         "kernel_ms_by_kind": {k: round(v, 4) for k, v in sorted(by_kind.items())},
         "launches_per_step": launches / n,
@@ -366,9 +385,7 @@ def fill_random(caches, model, ctx: int, batch: int, chunk: int = 8192) -> None:
             cache.append(k, v)
 
 
-def _time_steps(
-    runner: Runner, caches, tok, n: int, budget_s: float  # noqa: ANN001
-) -> list[float]:
+def _time_steps(step, tok, n: int, budget_s: float) -> list[float]:  # noqa: ANN001
     """ms per decode step: CUDA events around each step on CUDA, wall clock on CPU."""
     cuda = tok.is_cuda
     t_end = time.perf_counter() + budget_s
@@ -376,7 +393,7 @@ def _time_steps(
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
-            tok = sample(runner.decode_step(tok, caches))
+            tok = step(tok)
             times.append(1000 * (time.perf_counter() - t0))
             if time.perf_counter() > t_end:
                 break
@@ -385,7 +402,7 @@ def _time_steps(
     for _ in range(n):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        tok = sample(runner.decode_step(tok, caches))
+        tok = step(tok)
         end.record()
         events.append((start, end))
         if time.perf_counter() > t_end:

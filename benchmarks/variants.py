@@ -16,6 +16,9 @@ variant, in one process (the model is built once; each cell captures its own gra
                                   decode attention kernels) or reduce (their split-KV merge)
     pdl.attn_late=1               that family lets the next kernel launch at its end, not
                                   first thing (kvtax.pdl.LATE)
+    step.greedy=0                 time decode_step + sample (logits out of the graph, the
+                                  argmax after it) instead of decode_greedy (argmax in the
+                                  graph); read by decode.py, not applied here
 
 `apply(text, model)` is a context manager; the defaults come back when it exits.
 """
@@ -49,15 +52,15 @@ def parse(text: str) -> dict[str, dict[str, int]]:
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, _, value = item.partition("=")
         scope, _, field = key.partition(".")
-        fields = {"attn": attn_fields, "pdl": {*PDL_FIELDS, *LATE_FIELDS}}.get(scope,
-                                                                              gemv_fields)
-        if scope not in ("gemv", "attn", "pdl", *PROJECTIONS) or field not in fields or \
-                not value.isdigit():
+        fields = {"attn": attn_fields, "pdl": {*PDL_FIELDS, *LATE_FIELDS},
+                  "step": {"greedy"}}.get(scope, gemv_fields)
+        if scope not in ("gemv", "attn", "pdl", "step", *PROJECTIONS) or \
+                field not in fields or not value.isdigit():
             raise SystemExit(
                 f"variant item {item!r} is not SCOPE.FIELD=INT: SCOPE gemv / "
                 f"{' / '.join(PROJECTIONS)} with FIELD in {sorted(gemv_fields)}, attn with "
                 f"FIELD in {sorted(attn_fields)}, or pdl.FIELD with FIELD in "
-                f"{sorted({*PDL_FIELDS, *LATE_FIELDS})}")
+                f"{sorted({*PDL_FIELDS, *LATE_FIELDS})}, or step.greedy")
         out.setdefault(scope, {})[field] = int(value)
     return out
 
@@ -70,6 +73,11 @@ def _projection_keys(model) -> dict[tuple[int, int, bool], str]:  # noqa: ANN001
               "lm_head": (model.head_weight, False)}
     return {(w.shape[0] // (2 if silu else 1), w.shape[1], silu): name
             for name, (w, silu) in shapes.items()}
+
+
+def greedy_step(text: str, default: bool = True) -> bool:
+    """Whether variant `text` times the greedy graph step (step.greedy; else `default`)."""
+    return bool(parse(text).get("step", {}).get("greedy", default))
 
 
 @contextlib.contextmanager
@@ -96,7 +104,7 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
 
     ta._OP_CONFIGS.clear()  # launch configs cached per cache layout: decide them afresh
     try:
-        if set(spec) - {"attn", "pdl"}:
+        if set(spec) - {"attn", "pdl", "step"}:
             gm.default_config = gemv_config
         pdl = spec.get("pdl", {})
         kp.USE_PDL = bool(pdl.get("on", kp.USE_PDL))

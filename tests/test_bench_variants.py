@@ -39,9 +39,13 @@ def test_parse_names_bad_items(variants) -> None:
         "gemv": {"block_k": 1024}, "o": {"block_n": 2}, "attn": {"per_sm": 6}}
     assert variants.parse("") == {}
     for bad in ("block_k=1024", "gemv.bogus=1", "attn.block_k=2", "qkvx.block_n=2",
-                "o.block_n=two"):
+                "o.block_n=two", "step.fast=1"):
         with pytest.raises(SystemExit, match="SCOPE.FIELD=INT"):
             variants.parse(bad)
+    # step.greedy picks decode.py's timed step; gemv.prefetch is a GemvConfig field
+    assert variants.greedy_step("step.greedy=0") is False
+    assert variants.greedy_step("") is True and variants.greedy_step("", False) is False
+    assert variants.parse("qkv.prefetch=2") == {"qkv": {"prefetch": 2}}
 
 
 def test_apply_overrides_one_projection_then_restores(variants, model) -> None:

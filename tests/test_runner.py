@@ -186,3 +186,40 @@ def test_cuda_graph_and_eager_give_the_same_tokens(name: str, kv: str) -> None:
     want = eager.generate(prompt, 80, ignore_eos=True)
     assert got.cuda_graph, graph.graph_disabled_reason
     assert got.tokens == want.tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kv", ["int8", "int4"])
+def test_greedy_graph_feeds_itself_and_mixes_with_logits_steps(kv: str) -> None:
+    """decode_greedy's graph (the argmax and the counters inside it) gives eager greedy
+    decoding's tokens whether its own buffer is fed back or a fresh tensor, and stays in
+    step when decode_step calls advance the same caches in between."""
+    model = load_model("tiny", dtype=torch.bfloat16, device="cuda", seed=3)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" not in n:
+                p.mul_(2.0)
+    prompt = _prompt(1, 60).cuda()
+    eager = Runner(model, kv=kv, chunk_size=32, cuda_graph=False)
+    ref = eager.make_caches(capacity=100)
+    tok = sample(eager.prefill(prompt, ref))
+    want = []
+    for _ in range(30):
+        tok = sample(eager.decode_step(tok, ref))
+        want.append(tok.item())
+
+    runner = Runner(model, kv=kv, chunk_size=32)
+    caches = runner.make_caches(capacity=100)
+    tok = sample(runner.prefill(prompt, caches))
+    got = []
+    for i in range(30):
+        if i in (10, 11):  # the logits graph moves the caches on in between
+            tok = sample(runner.decode_step(tok, caches))
+        elif i == 20:  # a fresh tensor (not the graph's buffer) with the same ids
+            tok = runner.decode_greedy(tok.clone(), caches)
+        else:
+            tok = runner.decode_greedy(tok, caches)
+        got.append(tok.item())
+    assert runner._greedy is not None and runner._graph is not None
+    assert got == want

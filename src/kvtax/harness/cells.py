@@ -235,7 +235,7 @@ def model_cell(
             w = min(ctx, int(cell["chunk_size"]), WARMUP_TOKENS)
             warm = make(kv, w + 2 if cell.get("presize") else None)
             logits = runner.prefill(ids[:, :w], warm)
-            runner.decode_step(logits.argmax(-1, keepdim=True), warm)
+            runner.decode_greedy(logits.argmax(-1, keepdim=True), warm)
             del warm, logits
             runner.release_graph()  # the measured caches get their own graph
 
@@ -268,12 +268,13 @@ def model_cell(
         out["bytes_per_token"] = model_bytes_per_token(cfg, spec, dtype)
         out["prefill_growth_events"] = _growths(caches)
         tok = logits.argmax(-1, keepdim=True)  # EOS ignored: greedy tokens, whatever they are
-        tok = runner.decode_step(tok, caches).argmax(-1, keepdim=True)  # settle step
+        # greedy steps: on CUDA the argmax is captured with the step (one replay a token)
+        tok = runner.decode_greedy(tok, caches)  # settle step
         if "decode" in cell["phases"] and n_dec > 0:
             state = {"tok": tok}
 
             def step() -> None:
-                state["tok"] = runner.decode_step(state["tok"], caches).argmax(-1, keepdim=True)
+                state["tok"] = runner.decode_greedy(state["tok"], caches)
 
             before = _growths(caches)
             tl.start("decode")

@@ -2,6 +2,7 @@
 
     >>> from kvtax.models.argmax import argmax_rows
     >>> tok = argmax_rows(logits)          # logits [B, V] -> int64 [B, 1], torch.argmax's
+    >>> argmax_rows(logits, out=tokens, advance=(pos, lengths))  # greedy graph step
 
 The kernel (`kernels/argmax.py`) replaces torch's single-block reduction (27 µs per
 128,256-wide row on the H200; 3.6 µs here, decode.py's profile, session 13 call 3). It
@@ -38,10 +39,18 @@ def argmax_reference(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1, keepdim=True)
 
 
-def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+def argmax_rows(
+    logits: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    advance: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """The first index of each row's maximum (a NaN counts as the largest), `logits`
-    `[B, V]` float16 / bfloat16 / float32 with unit column stride → int64 `[B, 1]`.
-    Raises ValueError for other shapes and dtypes."""
+    `[B, V]` float16 / bfloat16 / float32 → int64 `[B, 1]` (written into `out`, a
+    contiguous int64 tensor of B elements, when given). advance: (pos int64 `[1]`,
+    lengths int32 `[B]`) on logits' device, each raised by one in the same launch once the
+    row's token is written (greedy decode in a CUDA graph: the step's next write position
+    and lengths). Raises ValueError for other shapes, dtypes or devices."""
     if logits.dim() != 2 or logits.shape[1] == 0 or logits.shape[0] == 0:
         raise ValueError(f"argmax_rows takes [B, V] logits with B, V >= 1, got "
                          f"{tuple(logits.shape)}")
@@ -52,13 +61,29 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     b, v = logits.shape
+    dev = logits.device
+    if out is not None and (out.dtype != torch.int64 or out.numel() != b
+                            or not out.is_contiguous() or out.device != dev):
+        raise ValueError(f"out must be a contiguous int64 tensor of {b} elements on {dev}, got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
+    if advance is not None:
+        pos, lengths = advance
+        if (pos.dtype != torch.int64 or pos.numel() != 1 or lengths.dtype != torch.int32
+                or lengths.numel() != b or not lengths.is_contiguous()
+                or pos.device != dev or lengths.device != dev):
+            raise ValueError(f"advance must be (int64 [1], contiguous int32 [{b}]) on {dev}, "
+                             f"got {pos.dtype} {tuple(pos.shape)}, {lengths.dtype} "
+                             f"{tuple(lengths.shape)}")
     chunk = max(CHUNK, triton.cdiv(triton.cdiv(v, MAX_PROGRAMS), BLOCK) * BLOCK)
     n_prog = triton.cdiv(v, chunk)
     part_v, part_i, part_n, count = _workspace(logits.device, b, n_prog)
-    out = torch.empty(b, dtype=torch.int64, device=logits.device)
+    if out is None:
+        out = torch.empty(b, dtype=torch.int64, device=dev)
+    pos, lengths = advance if advance is not None else (out, out)  # placeholders: unread
     _argmax_kernel[(n_prog, b)](
-        logits, part_v, part_i, part_n, count, out, v, chunk, logits.stride(0), n_prog,
-        BLOCK=BLOCK, P_BLOCK=max(16, triton.next_power_of_2(n_prog)), num_warps=4,
+        logits, part_v, part_i, part_n, count, out, pos, lengths, v, chunk, logits.stride(0),
+        n_prog, BLOCK=BLOCK, P_BLOCK=max(16, triton.next_power_of_2(n_prog)),
+        ADVANCE=advance is not None, num_warps=4,
     )
     return out.view(b, 1)
 

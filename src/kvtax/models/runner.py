@@ -7,7 +7,9 @@ storage never moves) and replays it per token. The graph needs the attention ker
 read the cache length from the device (`view.length_t`, handed to the Triton kernels as
 `lengths`); where it cannot (the torch reference on CPU or without Triton, a layer the
 kernels do not serve), decode runs eagerly and `runner.graph_disabled_reason` says why
-(printed once).
+(printed once). Greedy decode (`decode_greedy`, and `generate` at temperature 0) captures
+the argmax with the step: the graph writes the next token into its own input buffer and
+moves its position and lengths on, so a token costs one replay and nothing between.
 
     >>> runner = Runner(load_model("tiny"), kv="int8")
     >>> result = runner.generate(torch.tensor([[1, 2, 3]]), 32)
@@ -31,6 +33,7 @@ from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.errors import CapacityError, OptionError
 from kvtax.formats import KVSpec, default_kv
 from kvtax.formats.spec import centering_conflict
+from kvtax.models import argmax
 from kvtax.models.decoder import DecoderModel, gemv_blocker
 from kvtax.models.sampling import sample
 
@@ -124,7 +127,8 @@ class Runner:
         model.set_fused_gemv(fused_gemv)
         self.fused_gemv = fused_gemv
         self.graph_disabled_reason: str | None = None
-        self._graph: _DecodeGraph | None = None
+        self._graph: _DecodeGraph | None = None  # decode_step's (logits out)
+        self._greedy: _DecodeGraph | None = None  # decode_greedy's (next token out)
         self._blocked: tuple | None = None
 
     def make_caches(self, capacity: int | None = None) -> list[BaseCache]:
@@ -170,9 +174,28 @@ class Runner:
         pos = torch.arange(n, n + 1, device=self.device)
         return self.model(tok, list(caches), pos)[:, -1].float()
 
+    @torch.no_grad()
+    def decode_greedy(self, token_ids: torch.Tensor, caches: Sequence[BaseCache]) -> torch.Tensor:
+        """One greedy step: token ids `[B, 1]` → the next ids `[B, 1]` int64 (the logits'
+        argmax), left on the device.
+
+        With a CUDA graph the argmax is part of the replayed step, which writes the token
+        into the graph's input buffer and returns that buffer: feed it back and each token
+        is one replay with no copies between (it is overwritten by the next call; clone
+        what you keep). Otherwise `sample(decode_step(...))`.
+        """
+        tok = self._ids(token_ids)
+        if tok.shape[1] != 1:
+            raise ValueError(f"decode_greedy takes [B, 1] token ids, got {tuple(tok.shape)}")
+        if self.cuda_graph and argmax.runs_on(self.device) and self._graph_ok(caches, True):
+            self._check_room(caches)
+            return self._greedy.step_greedy(tok, caches[0].length, caches)  # type: ignore[union-attr]
+        return sample(self.decode_step(tok, caches))
+
     def release_graph(self) -> None:
-        """Drop the captured decode graph (and its memory pool) before building new caches."""
-        self._graph = None
+        """Drop the captured decode graphs (and their memory pools) before building new
+        caches."""
+        self._graph = self._greedy = None
 
     @torch.no_grad()
     def generate(
@@ -218,11 +241,15 @@ class Runner:
         stopped = not ignore_eos and first in eos
         t_capture = t1
         if self.cuda_graph and not stopped and max_new_tokens > 1:
-            self._graph_ok(caches)  # capture now: a one-time cost, kept out of decode rates
+            # capture now: a one-time cost, kept out of decode rates
+            self._graph_ok(caches, greedy=temperature == 0 and argmax.runs_on(self.device))
             t_capture = _now(self.device)
         while not stopped and len(out) < max_new_tokens:
-            logits = self.decode_step(tok, caches)
-            tok = sample(logits, temperature=temperature, top_p=top_p, generator=gen)
+            if temperature == 0:
+                tok = self.decode_greedy(tok, caches)
+            else:
+                logits = self.decode_step(tok, caches)
+                tok = sample(logits, temperature=temperature, top_p=top_p, generator=gen)
             if stream:
                 t = int(tok.item())
                 out.append(t)
@@ -230,7 +257,7 @@ class Runner:
                     on_token(t)
                 stopped = not ignore_eos and t in eos
             else:
-                out.append(tok)
+                out.append(tok.clone())  # decode_greedy's graph reuses its token buffer
         t2 = _now(self.device)
         tokens = [first] + (torch.cat(out[1:]).view(-1).tolist() if not stream and len(out) > 1
                             else out[1:])
@@ -245,15 +272,17 @@ class Runner:
             cache_bytes=sum(c.nbytes for c in caches),
             prompt_tokens=ids.shape[1],
             cache_used_bytes=sum(c.used_nbytes for c in caches),
-            cuda_graph=self._graph is not None,
+            cuda_graph=(self._greedy if temperature == 0 else self._graph) is not None,
             stopped_on_eos=stopped,
             graph_capture_s=t_capture - t1,
         )
 
     # -- CUDA graph ---------------------------------------------------------------------
 
-    def _graph_ok(self, caches: Sequence[BaseCache]) -> bool:
-        g = self._graph
+    def _graph_ok(self, caches: Sequence[BaseCache], greedy: bool = False) -> bool:
+        """Whether a decode graph (the greedy one with `greedy`) serves `caches`; captures
+        one when none does and capture is safe."""
+        g = self._greedy if greedy else self._graph
         if g is not None and g.serves(caches):
             return True
         if self._blocked is not None and self._blocked[0] == id(caches) and (
@@ -267,13 +296,22 @@ class Runner:
             self.graph_disabled_reason = reason
             self._blocked = (id(caches), weakref.ref(caches[0]))
             return False
-        self._graph = _DecodeGraph.capture(self.model, caches, compile=self.compile)
+        g = _DecodeGraph.capture(self.model, caches, compile=self.compile, greedy=greedy)
+        if greedy:
+            self._greedy = g
+        else:
+            self._graph = g
         self.graph_disabled_reason = None
         return True
 
     def _replay(self, tok: torch.Tensor, caches: Sequence[BaseCache]) -> torch.Tensor:
         g = self._graph
         assert g is not None
+        self._check_room(caches)
+        return g.step(tok, caches[0].length, caches)
+
+    @staticmethod
+    def _check_room(caches: Sequence[BaseCache]) -> None:
         n = caches[0].length
         for c in caches:
             # An index past capacity inside the graph would be a device-side assert.
@@ -282,7 +320,6 @@ class Runner:
                     f"cache full ({c.capacity} tokens); make caches with capacity >= prompt + "
                     "max new tokens"
                 )
-        return g.step(tok, n, caches)
 
     def _ids(self, ids: torch.Tensor) -> torch.Tensor:
         ids = ids if ids.dim() == 2 else ids.view(1, -1)
@@ -292,17 +329,20 @@ class Runner:
 
 
 class _DecodeGraph:
-    """One captured decode step for one cache set: static tokens/pos/length → logits."""
+    """One captured decode step for one cache set: static tokens/pos/length → logits, or
+    (greedy) → the next tokens, written back into `tokens` with pos and length advanced."""
 
     def __init__(self) -> None:
         self.graph = torch.cuda.CUDAGraph()
         self.key: tuple = ()
         self.list_id = 0
         self.first: weakref.ref | None = None
+        self.n: int | None = None  # greedy: the cache length pos / length stand for
 
     @classmethod
     def capture(
-        cls, model: DecoderModel, caches: Sequence[BaseCache], compile: bool | str = False
+        cls, model: DecoderModel, caches: Sequence[BaseCache], compile: bool | str = False,
+        greedy: bool = False,
     ) -> "_DecodeGraph":
         self = cls()
         dev = model.embed.weight.device
@@ -311,18 +351,22 @@ class _DecodeGraph:
         self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=dev)
         self.pos = torch.full((1,), n, dtype=torch.long, device=dev)
         self.length = torch.full((batch,), n + 1, dtype=torch.int32, device=dev)
-        step = decode_step_fn(model, caches, self.tokens, self.pos, self.length, compile)
+        step = decode_step_fn(model, caches, self.tokens, self.pos, self.length, compile,
+                              greedy=greedy)
 
-        # Warm-up on a side stream compiles kernels and sizes workspaces outside capture.
-        # It writes slot `n`, which the first real replay overwrites; for a ring that
-        # slot's previous token is already outside every future query's window.
+        # Warm-up on a side stream compiles kernels and sizes workspaces outside capture
+        # (the argmax's are per stream: the capture runs on the same one). It writes slot
+        # `n`, which the first real replay overwrites; for a ring that slot's previous
+        # token is already outside every future query's window.
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             for _ in range(2):
+                self.pos.fill_(n)  # the greedy step moves them on
+                self.length.fill_(n + 1)
                 step()
         torch.cuda.current_stream(dev).wait_stream(side)
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, stream=side):
             self.logits = step()
         self.key = _cache_key(caches)
         self.list_id, self.first = id(caches), weakref.ref(caches[0])
@@ -342,6 +386,21 @@ class _DecodeGraph:
             c.advance(1)
         return self.logits.clone()
 
+    def step_greedy(self, tok: torch.Tensor, n: int, caches: Sequence[BaseCache]) -> torch.Tensor:
+        """Replay the greedy step at cache length `n`; returns `tokens` (the next ids). The
+        device counters are set from the host only when they do not already say `n`, and
+        `tok` is copied in only when it is not `tokens` itself."""
+        if tok.data_ptr() != self.tokens.data_ptr():
+            self.tokens.copy_(tok)
+        if self.n != n:
+            self.pos.fill_(n)
+            self.length.fill_(n + 1)
+        self.graph.replay()
+        for c in caches:
+            c.advance(1)
+        self.n = n + 1
+        return self.tokens
+
 
 def decode_step_fn(
     model: DecoderModel,
@@ -350,10 +409,13 @@ def decode_step_fn(
     pos: torch.Tensor,
     length: torch.Tensor,
     compile: bool | str = False,
+    greedy: bool = False,
 ) -> Callable[[], torch.Tensor]:
     """The decode step a graph captures: reads `tokens` `[B, 1]`, `pos` `[1]` (the slot to
     write) and `length` int32 `[B]` (tokens after the write) from device tensors, writes
     K/V at `pos`, returns logits `[B, vocab]` float32. Host cache lengths are not advanced.
+    greedy: instead the logits' argmax (kvtax.models.argmax) is written into `tokens`,
+    `pos` and `length` go up by one, and `tokens` is returned (one launch for all three).
 
     compile: torch.compile the model call (True: inductor; a string names the backend).
     Its guards are checked only while warming up and capturing, all at the same step, so
@@ -367,6 +429,8 @@ def decode_step_fn(
 
     def step() -> torch.Tensor:
         out = fwd(tokens, layers, pos, write_pos=pos, length_t=length)
+        if greedy:
+            return argmax.argmax_rows(out[:, -1], out=tokens, advance=(pos, length))
         return out[:, -1].float()
 
     return step

@@ -7,6 +7,10 @@ chunk to (max, its first index, the first NaN's index); the last program of the 
 finish (an acq_rel counter per row) merges the partials, writes the token id, and sets
 the counter back to zero for the next call, so the whole argmax is one kernel.
 
+ADVANCE (greedy CUDA-graph decode, kvtax.models.runner): the merging program also moves
+the decode step's device counters on (the row's length + 1; row 0 also the write
+position + 1), so a captured step feeds the next replay itself, with no launches between.
+
 Semantics are torch.argmax's: the first index of the maximum; a NaN counts as larger
 than everything, so a row holding NaNs gives its first NaN's index.
 """
@@ -18,12 +22,13 @@ import triton.language as tl
 
 
 @triton.jit
-def _argmax_kernel(X, PartV, PartI, PartN, Count, Out, V, CHUNK, stride_x, n_prog,
-                   BLOCK: tl.constexpr, P_BLOCK: tl.constexpr):
+def _argmax_kernel(X, PartV, PartI, PartN, Count, Out, Pos, Len, V, CHUNK, stride_x, n_prog,
+                   BLOCK: tl.constexpr, P_BLOCK: tl.constexpr, ADVANCE: tl.constexpr = False):
     """Grid (n_prog, B). X `[B, V]` float; PartV / PartI / PartN `[B, n_prog]` (max,
     its first index, first NaN index or V) float32 / int32 / int32; Count `[B]` int32,
     zero on entry and on exit; Out `[B]` int64. Program p covers columns
-    [p * CHUNK, (p + 1) * CHUNK), CHUNK a multiple of BLOCK."""
+    [p * CHUNK, (p + 1) * CHUNK), CHUNK a multiple of BLOCK. ADVANCE: Pos `[1]` int64
+    and Len `[B]` int32 each go up by one once the row's token is written."""
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     best_v = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -63,3 +68,7 @@ def _argmax_kernel(X, PartV, PartI, PartN, Count, Out, V, CHUNK, stride_x, n_pro
         idx = tl.where(first_nan < V, first_nan, idx)
         tl.store(Out + row, idx.to(tl.int64))
         tl.store(Count + row, 0)
+        if ADVANCE:  # only this program of the row touches them
+            tl.store(Len + row, tl.load(Len + row) + 1)
+            if row == 0:
+                tl.store(Pos, tl.load(Pos) + 1)
