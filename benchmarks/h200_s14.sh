@@ -6,6 +6,13 @@
 #             decode_step + sample (step.greedy=0); GEMVs asking L2 for their first W
 #             steps before their PDL wait (qkv / gate_up / every launch); gate/up with a
 #             second pipeline stage or 4 + 4 rows x 2 KiB per step
+#   rope      GPU tests (the qkv GEMV building RoPE tables from the positions, W tiles
+#             held across the PDL wait in W's dtype, the greedy graph), then decode.py at
+#             32k, int4 / int8 / bf16: the defaults (tables built in the qkv GEMV) against
+#             the step's tables (step.rope_freqs=0); the GEMVs' wait after their first W
+#             tile now that the held tile is half the registers (pdl.first=4: qkv too;
+#             2: all but qkv; 1: all); gate/up with two stages, qkv asking L2 for its
+#             first step, and both
 # Usage: OUT=$OUT bash benchmarks/h200_s14.sh explore   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +23,14 @@ explore)
   gpu_tests tests.log 150 tests/test_argmax.py tests/test_runner.py tests/test_runner_compile.py \
     tests/test_gemv.py
   decode_variants explore 420 int4 ";step.greedy=0;qkv.prefetch=1;qkv.prefetch=2;gate_up.prefetch=1;gemv.prefetch=1;gate_up.num_stages=2;gate_up.block_n=4,gate_up.block_k=1024,gate_up.fold=2" --contexts 32k
+  ;;
+rope)
+  gpu_tests tests.log 170 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py \
+    tests/test_pdl.py tests/test_pdl_gpu.py tests/test_argmax.py
+  B="gate_up.num_stages=2,qkv.prefetch=1"
+  decode_variants rope-int4 260 int4 ";step.rope_freqs=0;pdl.first=4;pdl.first=2;pdl.first=1;gate_up.num_stages=2;qkv.prefetch=1;$B;$B,pdl.first=4" --contexts 32k
+  decode_variants rope-int8 130 int8 ";step.rope_freqs=0;$B;pdl.first=4" --contexts 32k
+  decode_variants rope-bf16 130 bf16 ";step.rope_freqs=0;$B;pdl.first=4" --contexts 32k
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

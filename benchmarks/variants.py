@@ -9,8 +9,9 @@ variant, in one process (the model is built once; each cell captures its own gra
                                   warp_decode_config keyword arguments, forced)
     pdl.on=0,pdl.first=0          programmatic dependent launch (kvtax.pdl) on / off, and
                                   the GEMVs' wait: first thing (0), after the first W tile
-                                  (1), after it except in qkv's RoPE launch (2), or
-                                  only in the residual launches, o and down (3)
+                                  (1), after it except in qkv's RoPE launch (2), only
+                                  in the residual launches, o and down (3), or in
+                                  those and qkv's (4)
     pdl.attn=0,pdl.store=0        one kernel family not launched with PDL (it still lets
                                   the next kernel launch early): gemv, store, attn (the
                                   decode attention kernels) or reduce (their split-KV merge)
@@ -18,7 +19,9 @@ variant, in one process (the model is built once; each cell captures its own gra
                                   first thing (kvtax.pdl.LATE)
     step.greedy=0                 time decode_step + sample (logits out of the graph, the
                                   argmax after it) instead of decode_greedy (argmax in the
-                                  graph); read by decode.py, not applied here
+                                  graph); read by decode.py
+    step.rope_freqs=0             the qkv GEMV reads RoPE tables built per step instead of
+                                  building them from the positions (DecoderModel.rope_freqs)
 
 `apply(text, model)` is a context manager; the defaults come back when it exits.
 """
@@ -53,14 +56,14 @@ def parse(text: str) -> dict[str, dict[str, int]]:
         key, _, value = item.partition("=")
         scope, _, field = key.partition(".")
         fields = {"attn": attn_fields, "pdl": {*PDL_FIELDS, *LATE_FIELDS},
-                  "step": {"greedy"}}.get(scope, gemv_fields)
+                  "step": {"greedy", "rope_freqs"}}.get(scope, gemv_fields)
         if scope not in ("gemv", "attn", "pdl", "step", *PROJECTIONS) or \
                 field not in fields or not value.isdigit():
             raise SystemExit(
                 f"variant item {item!r} is not SCOPE.FIELD=INT: SCOPE gemv / "
                 f"{' / '.join(PROJECTIONS)} with FIELD in {sorted(gemv_fields)}, attn with "
                 f"FIELD in {sorted(attn_fields)}, or pdl.FIELD with FIELD in "
-                f"{sorted({*PDL_FIELDS, *LATE_FIELDS})}, or step.greedy")
+                f"{sorted({*PDL_FIELDS, *LATE_FIELDS})}, or step.greedy / step.rope_freqs")
         out.setdefault(scope, {})[field] = int(value)
     return out
 
@@ -90,6 +93,7 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
     spec = parse(text)
     saved = (gm.default_config, ta.swap_decode_config, ta.warp_decode_config)
     saved_pdl = kp.USE_PDL, kp.KINDS, kp.LATE, gm.PDL_FIRST
+    saved_freqs = model.rope_freqs
     keys = _projection_keys(model)
     base_gemv, base_swap, base_warp = saved
 
@@ -113,10 +117,12 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
             off = {names[f] for f, v in pdl.items() if names.get(f) and not v}
             on = {names[f] for f, v in pdl.items() if names.get(f) and v}
             setattr(kp, attr, frozenset((getattr(kp, attr) | on) - off))
+        model.rope_freqs = bool(spec.get("step", {}).get("rope_freqs", saved_freqs))
         if "attn" in spec:
             ta.swap_decode_config, ta.warp_decode_config = forced(base_swap), forced(base_warp)
         yield
     finally:
         gm.default_config, ta.swap_decode_config, ta.warp_decode_config = saved
         kp.USE_PDL, kp.KINDS, kp.LATE, gm.PDL_FIRST = saved_pdl
+        model.rope_freqs = saved_freqs
         ta._OP_CONFIGS.clear()

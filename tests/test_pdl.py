@@ -67,11 +67,12 @@ def test_decode_attention_asks_for_its_measured_placement(spec, launch, late, mo
 
 @pytest.mark.parametrize("mode, plain, rope, residual", [
     (0, False, False, False), (1, True, True, True), (2, True, False, True),
-    (3, False, False, True)])
+    (3, False, False, True), (4, False, True, True)])
 def test_gemv_wait_placement_per_launch(mode, plain, rope, residual, monkeypatch) -> None:
     """gemv.PDL_FIRST: 0 waits first thing everywhere, 1 after the first W tile
     everywhere, 2 after it except in the RoPE launch (qkv, at its register cap), 3 only in
-    the residual launches (o, down); a mode outside these is refused."""
+    the residual launches (o, down), 4 in those and the RoPE launch (qkv); a mode outside
+    these is refused."""
     from kvtax.errors import OptionError
     from kvtax.models import gemv as gm
 
@@ -81,6 +82,6 @@ def test_gemv_wait_placement_per_launch(mode, plain, rope, residual, monkeypatch
     assert gm._pdl(x)["PDL_FIRST"] is plain
     assert gm._pdl(x, rope=True)["PDL_FIRST"] is rope
     assert gm._pdl(x, residual=True)["PDL_FIRST"] is residual
-    monkeypatch.setattr(gm, "PDL_FIRST", 4)
-    with pytest.raises(OptionError, match="PDL_FIRST=4"):
+    monkeypatch.setattr(gm, "PDL_FIRST", 5)
+    with pytest.raises(OptionError, match="PDL_FIRST=5"):
         gm._pdl(x)
