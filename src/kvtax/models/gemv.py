@@ -352,8 +352,8 @@ def gemv(
     leave rotated, each head's pairs (d, d + D/2) in fp32 before the one rounding; not
     with silu_mul or residual; always unsplit. Or rope = (positions, inv_freq, rows):
     integer positions `[T]` and float32 inverse frequencies `[D / 2]`, the kernel building
-    the tables rope_cos_sin would (in x's dtype) itself — no table kernels per step. fp32 accumulation; see
-    `gemv_reference` for the exact math. config: a GemvConfig (default:
+    the tables rope_cos_sin would (in x's dtype) itself — no table kernels per step.
+    fp32 accumulation; see `gemv_reference` for the exact math. config: a GemvConfig (default:
     `default_config`). Raises ShapeError for tensors the kernel cannot take
     (`unsupported_reason`).
 
