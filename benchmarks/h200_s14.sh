@@ -13,6 +13,11 @@
 #             tile now that the held tile is half the registers (pdl.first=4: qkv too;
 #             2: all but qkv; 1: all); gate/up with two stages, qkv asking L2 for its
 #             first step, and both
+#             (the in-kernel tables measured slower and were reverted, 75323d9)
+#   final     GPU tests (GEMV, decoder, runner, argmax, PDL), then issue 4's benchmark at
+#             32k / 64k / 128k, bf16 / int8 / int4: the defaults (qkv, o, down waiting
+#             after their first W tile: gemv.PDL_FIRST 4) against session 13's placement
+#             (pdl.first=3: o and down only), side by side in one process
 # Usage: OUT=$OUT bash benchmarks/h200_s14.sh explore   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +36,14 @@ rope)
   decode_variants rope-int4 260 int4 ";step.rope_freqs=0;pdl.first=4;pdl.first=2;pdl.first=1;gate_up.num_stages=2;qkv.prefetch=1;$B;$B,pdl.first=4" --contexts 32k
   decode_variants rope-int8 130 int8 ";step.rope_freqs=0;$B;pdl.first=4" --contexts 32k
   decode_variants rope-bf16 130 bf16 ";step.rope_freqs=0;$B;pdl.first=4" --contexts 32k
+  ;;
+final)
+  gpu_tests tests.log 120 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py \
+    tests/test_argmax.py tests/test_pdl.py tests/test_pdl_gpu.py
+  timeout 400 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
+    --compile on --tokens 32 --warmup 4 --variants ";pdl.first=3" --out "$R/decode.json" \
+    > "$R/decode.log" 2>&1
+  grep -E "^\||^#" "$R/decode.log"
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac
