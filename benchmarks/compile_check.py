@@ -187,6 +187,7 @@ def gemv_cases():
     k = 4096
     for name, n, fusion in (("qkv", 6144, "norm"), ("qkv", 6144, "norm+bias"),
                             ("qkv", 6144, "norm+rope"), ("qkv", 6144, "norm+bias+rope"),
+                            ("qkv", 6144, "norm+rope-freqs"),
                             ("o", 4096, "residual"), ("gate_up", 14336, "silu"),
                             ("gate_up", 10240, "gelu+offset"),
                             ("lm_head", 128256, "norm")):
@@ -204,6 +205,8 @@ def gemv_cases():
                 x = x.view(1, 1, k)
                 cs = torch.randn(1, 128, dtype=torch.bfloat16)
                 kw["rope"] = (cs, cs.clone(), 40 * 128)
+                if "freqs" in fusion:  # the tables built in the kernel from the positions
+                    kw["rope"] = (torch.zeros(1, dtype=torch.int64), torch.ones(64), 40 * 128)
             tag = cfg.tag if cfg else "default"
             yield (f"gemv {name} {fusion} {tag}",
                    lambda x=x, w=w, kw=kw, cfg=cfg, s=gated: gm.gemv(

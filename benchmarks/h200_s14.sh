@@ -18,6 +18,9 @@
 #             32k / 64k / 128k, bf16 / int8 / int4: the defaults (qkv, o, down waiting
 #             after their first W tile: gemv.PDL_FIRST 4) against session 13's placement
 #             (pdl.first=3: o and down only), side by side in one process
+#   early     GPU tests (GEMV, decoder), then decode.py at 32k, int4 / int8 / bf16: the qkv
+#             GEMV's rotation factors read (or computed from the positions) right after
+#             its PDL wait instead of in its epilogue: tables or positions x early or late
 # Usage: OUT=$OUT bash benchmarks/h200_s14.sh explore   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +47,13 @@ final)
     --compile on --tokens 32 --warmup 4 --variants ";pdl.first=3" --out "$R/decode.json" \
     > "$R/decode.log" 2>&1
   grep -E "^\||^#" "$R/decode.log"
+  ;;
+early)
+  gpu_tests tests.log 100 tests/test_gemv.py tests/test_gemv_decoder.py
+  V=";step.rope_freqs=0;step.rope_early=0;step.rope_freqs=0,step.rope_early=0"
+  decode_variants early-int4 150 int4 "$V" --contexts 32k
+  decode_variants early-int8 150 int8 "$V" --contexts 32k
+  decode_variants early-bf16 150 bf16 "$V" --contexts 32k
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

@@ -48,6 +48,13 @@ def test_parse_names_bad_items(variants) -> None:
     assert variants.parse("qkv.prefetch=2") == {"qkv": {"prefetch": 2}}
 
 
+def test_apply_switches_the_rope_source_then_restores(variants, model) -> None:
+    assert model.rope_freqs is True
+    with variants.apply("step.rope_freqs=0", model):
+        assert model.rope_freqs is False
+    assert model.rope_freqs is True
+
+
 def test_apply_overrides_one_projection_then_restores(variants, model) -> None:
     blk, cfg = model.layers[0], model.config
     o_shape = blk.attn.wo.weight.shape

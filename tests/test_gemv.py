@@ -216,31 +216,51 @@ def test_default_config_fills_the_gpu():
     assert (c.block_n, c.split_k) == (4, 4) and -(-256 // c.block_n) * c.split_k >= 132
 
 
-def _rope(t, d, dtype, seed):
-    """rope.py's (cos, signed sin) tables `[t, d]` at scattered positions."""
-    pos = torch.tensor([5, 1000, 3, 77][:t], device=DEVICE) + seed
+def _rope(t, d, dtype, seed, freqs=False):
+    """rope.py's (cos, signed sin) tables `[t, d]` at scattered positions (one past 128k),
+    or (freqs) the positions `[t]` and inverse frequencies `[d / 2]` they come from."""
+    pos = torch.tensor([5, 131000, 3, 77][:t], device=DEVICE) + seed
     inv = inv_frequencies(d, 10000.0).to(DEVICE)
-    return rope_cos_sin(pos, inv, dtype)
+    return (pos, inv) if freqs else rope_cos_sin(pos, inv, dtype)
 
 
 @pytest.mark.parametrize("b,t,d,block_n,dtype", [
     (1, 1, 16, 8, torch.bfloat16), (3, 1, 8, 16, torch.bfloat16), (1, 2, 32, 2, torch.bfloat16),
     (2, 2, 16, 8, torch.bfloat16), (2, 2, 8, 16, torch.float32), (3, 1, 32, 2, torch.float32),
 ])
-def test_rope_epilogue(b, t, d, block_n, dtype):
+@pytest.mark.parametrize("freqs", [False, True], ids=["tables", "freqs"])
+def test_rope_epilogue(b, t, d, block_n, dtype, freqs):
     """The qkv projection with q and k rotated in the epilogue: 3 q heads, 2 k heads and
     2 v heads of head_dim d (v unrotated); norm and bias fused too; rows b * t with
-    position t of each; block_n above d is cut to d, every program owns both halves."""
+    position t of each; block_n above d is cut to d, every program owns both halves.
+    freqs: the kernel builds the tables from (positions, inv_freq) itself, as
+    rope_cos_sin does: the result matches the tables' launch to a rounding of a table
+    entry (the interpreter's cos and torch's may differ by an ulp before it)."""
     n, rot = 7 * d, 5 * d
     x, w, g, _ = _inputs(b * t, n, 100, dtype, seed=b + 10 * t, norm=True, lead=(b, t))
     bias = (torch.randn(n, generator=torch.Generator().manual_seed(d)) * 0.5).to(DEVICE, dtype)
     cos, sin = _rope(t, d, dtype, seed=d)
-    got = _check(x, w, norm_weight=g, bias=bias, rope=(cos, sin, rot), dtype=dtype,
-                 config=GemvConfig(block_n=block_n, block_k=32, split_k=2),
+    rope = (*_rope(t, d, dtype, seed=d, freqs=True), rot) if freqs else (cos, sin, rot)
+    cfg = GemvConfig(block_n=block_n, block_k=32, split_k=2)
+    got = _check(x, w, norm_weight=g, bias=bias, rope=rope, dtype=dtype, config=cfg,
                  what=f"rope-B{b}-T{t}-D{d}")
     plain = gemv(x, w, norm_weight=g, bias=bias, config=GemvConfig(8, 32))
-    torch.testing.assert_close(got[..., rot:], plain[..., rot:], rtol=0, atol=0)  # v as is
+    # v as is (to the FMA contractions the GPU compiler picks for each build)
+    torch.testing.assert_close(got[..., rot:], plain[..., rot:])
     assert not torch.allclose(got[..., :rot].float(), plain[..., :rot].float(), atol=1e-2)
+    if b * t == 1:  # the one-row launch reads its factors after the wait or at the end
+        late = gm.ROPE_EARLY
+        try:
+            gm.ROPE_EARLY = not late
+            other = gemv(x, w, norm_weight=g, bias=bias, rope=rope, config=cfg)
+        finally:
+            gm.ROPE_EARLY = late
+        torch.testing.assert_close(other, got)
+    if freqs:
+        tabled = gemv(x, w, norm_weight=g, bias=bias, rope=(cos, sin, rot), config=cfg)
+        scale = tabled.abs().max().item()
+        tol = 2 ** -7 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(got.float(), tabled.float(), rtol=0, atol=tol * scale)
 
 
 def test_rope_bad_input():
@@ -254,6 +274,12 @@ def test_rope_bad_input():
         "positions": dict(rope=(cos[:1], sin[:1], 16)),
         "d not pow2": dict(rope=(cos[:, :12], sin[:, :12], 24)),
         "tables differ": dict(rope=(cos, sin[:, :8], 16)),
+        "freqs not fp32": dict(rope=(torch.tensor([1, 2], device=DEVICE),
+                                     torch.ones(8, device=DEVICE, dtype=torch.float16), 16)),
+        "positions 2-d": dict(rope=(torch.ones(2, 1, device=DEVICE, dtype=torch.int64),
+                                    torch.ones(8, device=DEVICE), 16)),
+        "positions count": dict(rope=(torch.tensor([1, 2, 3], device=DEVICE),
+                                      torch.ones(8, device=DEVICE), 16)),
     }
     for what, kw in bad.items():
         with pytest.raises(ShapeError, match="gemv cannot run"):

@@ -157,17 +157,19 @@ class Block(nn.Module):
             self.post_attn_norm = RMSNorm(cfg.hidden_size, eps, off)
             self.post_ffn_norm = RMSNorm(cfg.hidden_size, eps, off)
 
-    def forward(self, x, cos, sin, cache, write_pos, length_t):  # noqa: ANN001, ANN201
+    def forward(self, x, cos, sin, cache, write_pos, length_t, freqs=None):  # noqa: ANN001, ANN201
+        """freqs: (positions, inv_freq) the tables cos / sin were built from; the fused
+        qkv GEMV builds its own from them (no table kernels in a decode step)."""
         if self.fused_gemv:
             gm = _gemv_api()
             if gm.unsupported_reason(x, self.attn.wqkv.weight) is None:
-                return self._forward_gemv(gm, x, cos, sin, cache, write_pos, length_t)
+                return self._forward_gemv(gm, x, cos, sin, cache, write_pos, length_t, freqs)
         h = self.attn(self.attn_norm(x), cos, sin, cache, write_pos, length_t)
         x = x + (self.post_attn_norm(h) if self.sandwich else h)
         h = self.mlp(self.ffn_norm(x))
         return x + (self.post_ffn_norm(h) if self.sandwich else h)
 
-    def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t):  # noqa: ANN001, ANN202
+    def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t, freqs=None):  # noqa: ANN001, ANN202
         """The decode step as four fused GEMVs (see `gemv_blocker` for the layers it takes).
         The qkv GEMV also rotates q and k (its RoPE epilogue: three elementwise launches
         fewer per layer) unless q/k norms (Qwen3, Gemma 3) must come first. Sandwich norms
@@ -175,7 +177,10 @@ class Block(nn.Module):
         add stays in torch after the norm."""
         attn, mlp = self.attn, self.mlp
         an, fn = self.attn_norm, self.ffn_norm
-        rope = (cos, sin, attn.sizes[0] + attn.sizes[1]) if attn.rope_in_gemv else None
+        rope = None
+        if attn.rope_in_gemv:
+            rows = attn.sizes[0] + attn.sizes[1]
+            rope = (*freqs, rows) if freqs is not None else (cos, sin, rows)
         qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=an.weight, eps=an.eps,
                       norm_offset=an.offset, bias=attn.wqkv.bias, rope=rope)
         a = attn.attend(qkv, cos, sin, cache, write_pos, length_t, rotated=rope is not None)
@@ -243,6 +248,9 @@ class DecoderModel(nn.Module):
         self.inv_freq_local = inv_frequencies(cfg.head_dim, local_theta).to(dev)
 
     fused_gemv = False  # see set_fused_gemv
+    # the fused qkv GEMV builds its RoPE tables from the positions (no table kernels in a
+    # decode step; False: it reads the tables built once per step, as unfused layers do)
+    rope_freqs = True
 
     def set_fused_gemv(self, on: bool = True) -> None:
         """Route decode-sized steps (B·T <= 4 rows, CUDA, fp16/bf16/fp32) through the fused
@@ -289,7 +297,9 @@ class DecoderModel(nn.Module):
         ) else rope
         for layer, cache, local in zip(self.layers, caches, self.local_rope):
             cos, sin = rope_local if local else rope
-            x = layer(x, cos, sin, cache, write_pos, length_t)
+            inv = (self.inv_freq_local if local else self.inv_freq).float()  # as rope_cos_sin
+            x = layer(x, cos, sin, cache, write_pos, length_t,
+                      freqs=(positions, inv) if self.rope_freqs else None)
         if last_only:
             x = x[:, -1:]
         gm = _gemv_api() if self.fused_gemv else None

@@ -6,6 +6,7 @@
     >>> y = gemv(x, w13, norm_weight=g, silu_mul=True)        # silu(gate) * up, [M, N / 2]
     >>> y = gemv(a, wo, residual=h)                           # h + F.linear(a, wo)
     >>> qkv = gemv(x, wqkv, norm_weight=g, rope=(cos, sin, n_qk))  # q, k rotated (rope.py)
+    >>> qkv = gemv(x, wqkv, norm_weight=g, rope=(positions, inv_freq, n_qk))  # the same
 
 The kernels (`kernels/gemv.py`) read W once as a streaming read and accumulate in fp32;
 the math is `gemv_reference`'s. On CPU the kernel runs only when Triton's interpreter
@@ -26,13 +27,16 @@ import triton
 from kvtax import pdl
 from kvtax.errors import OptionError, ShapeError
 from kvtax.models.kernels.gemv import _gemv_kernel, _gemv_reduce_kernel
-from kvtax.models.rope import apply_rope
+from kvtax.models.rope import apply_rope, rope_cos_sin
 
 MAX_ROWS = 4  # decode batch; the kernel keeps one fp32 tile per input row in registers
 MAX_SPLIT_K = 16
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 H200_SMS = 132  # the default's target when no CUDA device is visible (interpreter, meta)
 ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
+# one-row RoPE launches read (or compute) the rotation factors right after the PDL wait, in
+# the first loop step, not in the epilogue (kernel ROPE_EARLY)
+ROPE_EARLY = True
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
 # programmatic dependent launch of the main kernel: kvtax.pdl (KVTAX_PDL=0 turns it off)
 # where the main kernel waits under PDL: 0 first thing; 1 after issuing its first W tile
@@ -236,16 +240,41 @@ def unsupported_reason(
     return None
 
 
+def _rope_freqs(rope: tuple) -> bool:
+    """Whether `rope` is (positions, inv_freq, rows) rather than (cos, sin, rows) tables."""
+    return not rope[0].is_floating_point()
+
+
+def _rope_head_dim(rope: tuple) -> int:
+    return 2 * rope[1].numel() if _rope_freqs(rope) else rope[0].shape[-1]
+
+
+def _rope_tables(rope: tuple, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (cos, signed sin) `[T, D]` tables `rope` stands for, in `dtype` (rope.py's)."""
+    if _rope_freqs(rope):
+        return rope_cos_sin(rope[0], rope[1], dtype)
+    return rope[0], rope[1]
+
+
 def _rope_reason(x: torch.Tensor, rope: tuple, n: int, rows: int, silu_mul: bool,
                  residual: bool) -> str | None:
-    """Why `rope` = (cos, sin, rotated rows) does not fit this call, or None."""
+    """Why `rope` = (cos, sin, rotated rows) or (positions, inv_freq, rotated rows) does not
+    fit this call, or None."""
     cos, sin, rot = rope
     if silu_mul or residual:
         return "rope is an epilogue of plain projections (not with silu_mul / residual)"
-    if cos.dim() != 2 or cos.shape != sin.shape or cos.stride(-1) != 1 or sin.stride() != \
-            cos.stride():
-        return f"rope tables must be two [T, D] row-contiguous tensors ({tuple(cos.shape)})"
-    t, d = cos.shape
+    if _rope_freqs(rope):
+        if cos.dim() != 1 or not cos.is_contiguous() or sin.dim() != 1 or \
+                sin.dtype != torch.float32 or not sin.is_contiguous():
+            return (f"rope (positions, inv_freq) must be a contiguous integer [T] and a "
+                    f"contiguous float32 [D / 2] (got {tuple(cos.shape)} {cos.dtype}, "
+                    f"{tuple(sin.shape)} {sin.dtype})")
+        t, d = cos.shape[0], 2 * sin.shape[0]
+    else:
+        if cos.dim() != 2 or cos.shape != sin.shape or cos.stride(-1) != 1 or \
+                sin.stride() != cos.stride():
+            return f"rope tables must be two [T, D] row-contiguous tensors ({tuple(cos.shape)})"
+        t, d = cos.shape
     if d < 2 or d & (d - 1) or n % d:
         return f"rope head_dim {d} must be a power of two dividing the output width {n}"
     if rows % t or x.dim() < 2 or x.shape[-2] != t:
@@ -274,7 +303,8 @@ def gemv_reference(
     xn = x · rsqrt(mean(x²) + eps) · g (g = norm_weight, or 1 + g with norm_offset; no
     norm without it); y = xn @ w.T (+ bias); with silu_mul y = act(y[..., :N/2]) · y[..., N/2:]
     (act: SiLU, or GELU-tanh with gelu); with rope = (cos, sin, rows) the first `rows`
-    outputs rotated per head (kvtax.models.rope.apply_rope on fp32 tables);
+    outputs rotated per head (kvtax.models.rope.apply_rope on fp32 tables; rope =
+    (positions, inv_freq, rows): the tables rope_cos_sin builds in x's dtype);
     y += residual. Any leading shape of x; no rounding between the steps.
     """
     h = x.float()
@@ -283,8 +313,8 @@ def gemv_reference(
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * g
     y = F.linear(h, w.float(), None if bias is None else bias.float())
     if rope is not None:
-        cos, sin, rot = rope
-        d = cos.shape[-1]
+        cos, sin = _rope_tables(rope, x.dtype)
+        rot, d = rope[2], cos.shape[-1]
         heads = y[..., :rot].unflatten(-1, (rot // d, d))  # [..., T, H, D]
         turned = apply_rope(heads, cos.float()[:, None], sin.float()[:, None])
         y = torch.cat([turned.flatten(-2), y[..., rot:]], dim=-1)
@@ -325,8 +355,10 @@ def gemv(
     kvtax.models.rope's tables `[T, D]` (x is `[..., T, K]`; input row m is position
     m % T): the first `rows` outputs (q and k heads of a qkv projection, a multiple of D)
     leave rotated, each head's pairs (d, d + D/2) in fp32 before the one rounding; not
-    with silu_mul or residual; always unsplit. fp32 accumulation; see
-    `gemv_reference` for the exact math. config: a GemvConfig (default:
+    with silu_mul or residual; always unsplit. Or rope = (positions, inv_freq, rows):
+    integer positions `[T]` and float32 inverse frequencies `[D / 2]`, the kernel building
+    the tables rope_cos_sin would (in x's dtype) itself — no table kernels per step.
+    fp32 accumulation; see `gemv_reference` for the exact math. config: a GemvConfig (default:
     `default_config`). Raises ShapeError for tensors the kernel cannot take
     (`unsupported_reason`).
 
@@ -379,7 +411,7 @@ def _gemv(
     cfg = config or default_config(n, k, rows=rows, silu_mul=silu_mul,
                                    elem_bytes=w.element_size(), num_sms=_num_sms(x.device))
     if rope is not None:  # the rotation needs whole sums, and both halves of a head's rows
-        d = rope[0].shape[-1]
+        d = _rope_head_dim(rope)
         bn = max(2, min(cfg.block_n, d))
         cfg = dataclasses.replace(cfg, split_k=1, block_n=bn)
     # K_PER: each split's K range, whole BLOCK_K steps; splits that would be empty are dropped
@@ -407,13 +439,15 @@ def _gemv(
         ws = ss = y2  # placeholders, never touched
     if rope is not None:
         cos, sin, rot = rope
-        rope_args = (cos, sin, cos.stride(0), cos.shape[0], rot)
+        rope_args = (cos, sin, cos.stride(0), cos.shape[0], rot)  # freqs: stride unread
     else:
         rope_args = (x2, x2, 0, 1, 0)  # placeholders, never read
     _gemv_kernel[(triton.cdiv(n_rows, cfg.block_n), splits)](
         x2, w, g, b, r2, y2, ws, ss,
         n_rows, k, k_per, x2.stride(0), w.stride(0), r2.stride(0), y2.stride(0), float(eps),
-        *rope_args, ROPE=rope is not None, HEAD_DIM=rope[0].shape[-1] if rope else 0,
+        *rope_args, ROPE=rope is not None, HEAD_DIM=_rope_head_dim(rope) if rope else 0,
+        ROPE_FREQS=rope is not None and _rope_freqs(rope),
+        ROPE_EARLY=rope is not None and rows == 1 and ROPE_EARLY,
         ROWS=rows, NORM=norm_weight is not None, OFFSET=norm_offset,
         BIAS=bias is not None and not split, RESIDUAL=residual is not None and not split,
         SILU_MUL=silu_mul and not split, GELU=gelu, SPLIT=split,

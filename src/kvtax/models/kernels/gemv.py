@@ -10,6 +10,9 @@ ROPE (the qkv projection of a decode step): the rows of each head come in rotary
 (d, d + D/2); a program owns BLOCK_N/2 rows of each half of one head, so the epilogue
 rotates q and k in registers (out[d] = y[d]·cos[d] + y[d ± D/2]·sin[d], signed sin as
 kvtax.models.rope builds it) for the rows below `rope_rows` (q and k; v passes through).
+ROPE_FREQS: the tables are not read but computed per row from the positions and inverse
+frequencies, as rope_cos_sin computes them (fp32 angles, rounded to the output dtype), so
+the decode step needs no kernels to build them.
 
 PDL (programmatic dependent launch; CUDA, sm_90+, launched with launch_pdl): a decode step
 is ~240 short kernels and each boundary costs ~2.5 µs of idle memory system (the H200,
@@ -76,6 +79,20 @@ def _prefetch_rows(p_rows, k0, k_end, STEPS: tl.constexpr, BLOCK_K: tl.constexpr
 
 
 @triton.jit
+def _round_to(v, DTYPE: tl.constexpr):
+    """fp32 `v` (finite) rounded to nearest-even in DTYPE, returned as fp32. bf16 by bit
+    arithmetic: Triton's interpreter truncates a float32 -> bfloat16 cast (the GPU rounds),
+    and the tests check this kernel against torch's rounding in the interpreter."""
+    if DTYPE == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        out = bits.to(tl.float32, bitcast=True)
+    else:
+        out = v.to(DTYPE).to(tl.float32)
+    return out
+
+
+@triton.jit
 def _fold(t, FOLD: tl.constexpr):
     """`[R, C]` → `[R, C / FOLD]`: sums of FOLD neighbouring columns (FOLD 1: t)."""
     if FOLD == 1:
@@ -91,6 +108,7 @@ def _finish_row(
     N, K, stride_rm, stride_ym, eps, rope,
     ROWS: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     SILU_MUL: tl.constexpr, GELU: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr,
+    ROPE_FREQS: tl.constexpr = False, rope_cs=None, ROPE_EARLY: tl.constexpr = False,
 ):
     """Reduce one row's tiles over K, then store a partial (SPLIT) or the finished output."""
     y = tl.sum(acc, 1)  # [BLOCK_N]
@@ -102,19 +120,43 @@ def _finish_row(
     else:
         u = tl.sum(acc_u, 1) if SILU_MUL else y
         _epilogue(y, u, tl.sum(ss, 0), row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
-                  NORM, BIAS, RESIDUAL, SILU_MUL, GELU, rope, ROPE)
+                  NORM, BIAS, RESIDUAL, SILU_MUL, GELU, rope, ROPE, ROPE_FREQS, rope_cs,
+                  ROPE_EARLY)
+
+
+@triton.jit
+def _rope_factors(rope, o_n, row, DTYPE: tl.constexpr, ROPE_FREQS: tl.constexpr):
+    """(cos, signed sin) `[BLOCK_N]` fp32 of output rows `o_n` at input row `row`'s position
+    (`rope`: see _epilogue): read from the tables, or (ROPE_FREQS) computed as
+    kvtax.models.rope.rope_cos_sin does, fp32 angles rounded to DTYPE."""
+    cs_t, sn_t, stride_cs, n_pos, rope_rows, head_dim = rope
+    d = o_n % head_dim
+    t = row % n_pos
+    if ROPE_FREQS:
+        d_half = head_dim // 2
+        angle = tl.load(cs_t + t).to(tl.float32) * tl.load(sn_t + d % d_half)
+        cs = _round_to(tl.cos(angle), DTYPE)
+        sn = tl.sin(angle)
+        sn = _round_to(tl.where(d < d_half, -sn, sn), DTYPE)
+    else:
+        cs = tl.load(cs_t + t * stride_cs + d).to(tl.float32)
+        sn = tl.load(sn_t + t * stride_cs + d).to(tl.float32)
+    return cs, sn
 
 
 @triton.jit
 def _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
               NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-              SILU_MUL: tl.constexpr, GELU: tl.constexpr, rope=None, ROPE: tl.constexpr = False):
+              SILU_MUL: tl.constexpr, GELU: tl.constexpr, rope=None, ROPE: tl.constexpr = False,
+              ROPE_FREQS: tl.constexpr = False, rope_cs=None, ROPE_EARLY: tl.constexpr = False):
     """Finish one row's `[BLOCK_N]` sums and store them: y (and u, the up rows' sums, under
     SILU_MUL) times rsqrt(ss / K + eps) (NORM; ss the row's sum of x²), plus the bias
     (BIAS, not with SILU_MUL), rotated (ROPE: y's halves hold the two rotary halves of
     one head; `rope` = (cos, signed sin tables [n_pos, D], their row stride, n_pos, the
-    rotated row count); input row `row` is position row % n_pos), act(y) · u with act
-    SiLU or (GELU) GELU-tanh, plus the residual row."""
+    rotated row count; ROPE_FREQS: positions `[n_pos]` and inverse frequencies `[D / 2]`
+    fp32 in place of the tables); input row `row` is position row % n_pos; ROPE_EARLY: the
+    factors came in as `rope_cs`), act(y) · u with act SiLU or (GELU) GELU-tanh, plus the
+    residual row."""
     if NORM:
         rstd = tl.rsqrt(ss / K + eps)
         y = y * rstd
@@ -122,11 +164,11 @@ def _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
     if BIAS:
         y += tl.load(B + o_n, mask=m_n, other=0.0).to(tl.float32)
     if ROPE:
-        cs_t, sn_t, stride_cs, n_pos, rope_rows, head_dim = rope
-        d = o_n % head_dim
-        t = row % n_pos
-        cs = tl.load(cs_t + t * stride_cs + d).to(tl.float32)
-        sn = tl.load(sn_t + t * stride_cs + d).to(tl.float32)
+        rope_rows = rope[4]
+        if ROPE_EARLY:
+            cs, sn = rope_cs
+        else:
+            cs, sn = _rope_factors(rope, o_n, row, Y.dtype.element_ty, ROPE_FREQS)
         half: tl.constexpr = y.shape[0] // 2
         partner = tl.reshape(tl.flip(tl.reshape(y, (2, half)), 0), (y.shape[0],))  # d ± D/2
         y = tl.where(o_n < rope_rows, y * cs + partner * sn, y)
@@ -151,7 +193,8 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0, PDL: tl.constexpr = False,
     PDL_FIRST: tl.constexpr = False, PDL_LATE: tl.constexpr = False, FOLD: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = 0, ROPE_FREQS: tl.constexpr = False,
+    ROPE_EARLY: tl.constexpr = False,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -161,7 +204,10 @@ def _gemv_kernel(
     covers K_PER columns of K (a multiple of BLOCK_K). Rows of W past N are clamped to
     row N - 1 (read, never stored) so the W loads need no row mask. ROPE (unsplit, N a
     multiple of HEAD_DIM, BLOCK_N even and dividing HEAD_DIM): see the module docstring;
-    CS / SN `[n_pos, HEAD_DIM]`, rows below rope_rows rotated. PDL: see the module
+    CS / SN `[n_pos, HEAD_DIM]` (ROPE_FREQS: positions `[n_pos]`, inverse frequencies
+    `[HEAD_DIM / 2]` fp32), rows below rope_rows rotated; ROPE_EARLY (one input row): the
+    rotation factors are read (or computed) in the first loop step, right after the PDL
+    wait, so their latency hides under the W stream instead of adding to the tail. PDL: see the module
     docstring (the wait sits between the first step's W loads and its x loads). FOLD:
     each step's products are summed in groups of FOLD neighbouring columns (within a
     lane's own vector: no shuffles) before they join the accumulators, which are then
@@ -209,6 +255,9 @@ def _gemv_kernel(
     ss3 = tl.zeros([BLOCK_K], dtype=tl.float32)
     b_g = tl.zeros([BLOCK_K], dtype=tl.float32)
     b_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    rope = (CS, SN, stride_cs, n_pos, rope_rows, HEAD_DIM)
+    cs_e = tl.zeros([BLOCK_N], dtype=tl.float32)  # ROPE_EARLY's factors
+    sn_e = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(k_start, k_start + K_PER, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
         m_k = o_k < K
@@ -231,6 +280,9 @@ def _gemv_kernel(
         if PDL and PDL_FIRST:
             if k0 == k_start:  # W (and g) are in flight; x comes from the kernel before
                 gdc_wait()
+        if ROPE_EARLY:
+            if k0 == k_start:  # after the wait (the position is the step's)
+                cs_e, sn_e = _rope_factors(rope, o_n, 0, Y.dtype.element_ty, ROPE_FREQS)
         b_w = raw_w.to(tl.float32)
         if SILU_MUL:
             b_u = raw_u.to(tl.float32)
@@ -257,18 +309,21 @@ def _gemv_kernel(
             acc3 += _fold(b_w * b_x[None, :], FOLD)
             if SILU_MUL:
                 up3 += _fold(b_u * b_x[None, :], FOLD)
-    rope = (CS, SN, stride_cs, n_pos, rope_rows, HEAD_DIM)
     _finish_row(acc0, up0, ss0, 0, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
+                stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE,
+                ROPE_FREQS, (cs_e, sn_e), ROPE_EARLY)
     if ROWS > 1:
         _finish_row(acc1, up1, ss1, 1, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
+                    stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE,
+                    ROPE_FREQS)
     if ROWS > 2:
         _finish_row(acc2, up2, ss2, 2, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
+                    stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE,
+                    ROPE_FREQS)
     if ROWS > 3:
         _finish_row(acc3, up3, ss3, 3, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
-                    stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE)
+                    stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE,
+                    ROPE_FREQS)
     if PDL:
         if PDL_LATE:
             gdc_launch_dependents()
