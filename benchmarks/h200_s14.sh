@@ -21,6 +21,11 @@
 #   early     GPU tests (GEMV, decoder), then decode.py at 32k, int4 / int8 / bf16: the qkv
 #             GEMV's rotation factors read (or computed from the positions) right after
 #             its PDL wait instead of in its epilogue: tables or positions x early or late
+#             (ROPE_EARLY measured no faster and was dropped; the positions kept: 9dcb1e4)
+#   record    GPU tests (GEMV, decoder, runner, argmax), then issue 4's benchmark at 32k /
+#             64k / 128k, bf16 / int8 / int4 with the final defaults (the greedy graph
+#             step, RoPE tables built in the qkv GEMV, qkv / o / down waiting after
+#             their first W tile)
 # Usage: OUT=$OUT bash benchmarks/h200_s14.sh explore   (results: $OUT/r/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +59,13 @@ early)
   decode_variants early-int4 150 int4 "$V" --contexts 32k
   decode_variants early-int8 150 int8 "$V" --contexts 32k
   decode_variants early-bf16 150 bf16 "$V" --contexts 32k
+  ;;
+record)
+  gpu_tests tests.log 90 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py \
+    tests/test_argmax.py
+  timeout 250 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
+    --compile on --tokens 32 --warmup 4 --out "$R/decode.json" > "$R/decode.log" 2>&1
+  grep -E "^\||^#" "$R/decode.log"
   ;;
 *) echo "unknown case $what"; exit 2 ;;
 esac

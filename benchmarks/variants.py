@@ -22,8 +22,6 @@ variant, in one process (the model is built once; each cell captures its own gra
                                   graph); read by decode.py
     step.rope_freqs=0             the qkv GEMV reads RoPE tables built per step instead of
                                   building them from the positions (DecoderModel.rope_freqs)
-    step.rope_early=0             ... and rotates with factors read in its epilogue, not
-                                  right after its PDL wait (kvtax.models.gemv.ROPE_EARLY)
 
 `apply(text, model)` is a context manager; the defaults come back when it exits.
 """
@@ -58,14 +56,14 @@ def parse(text: str) -> dict[str, dict[str, int]]:
         key, _, value = item.partition("=")
         scope, _, field = key.partition(".")
         fields = {"attn": attn_fields, "pdl": {*PDL_FIELDS, *LATE_FIELDS},
-                  "step": {"greedy", "rope_freqs", "rope_early"}}.get(scope, gemv_fields)
+                  "step": {"greedy", "rope_freqs"}}.get(scope, gemv_fields)
         if scope not in ("gemv", "attn", "pdl", "step", *PROJECTIONS) or \
                 field not in fields or not value.isdigit():
             raise SystemExit(
                 f"variant item {item!r} is not SCOPE.FIELD=INT: SCOPE gemv / "
                 f"{' / '.join(PROJECTIONS)} with FIELD in {sorted(gemv_fields)}, attn with "
                 f"FIELD in {sorted(attn_fields)}, or pdl.FIELD with FIELD in "
-                f"{sorted({*PDL_FIELDS, *LATE_FIELDS})}, or step.greedy / step.rope_freqs / step.rope_early")
+                f"{sorted({*PDL_FIELDS, *LATE_FIELDS})}, or step.greedy / step.rope_freqs")
         out.setdefault(scope, {})[field] = int(value)
     return out
 
@@ -95,7 +93,7 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
     spec = parse(text)
     saved = (gm.default_config, ta.swap_decode_config, ta.warp_decode_config)
     saved_pdl = kp.USE_PDL, kp.KINDS, kp.LATE, gm.PDL_FIRST
-    saved_freqs, saved_early = model.rope_freqs, gm.ROPE_EARLY
+    saved_freqs = model.rope_freqs
     keys = _projection_keys(model)
     base_gemv, base_swap, base_warp = saved
 
@@ -120,12 +118,11 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
             on = {names[f] for f, v in pdl.items() if names.get(f) and v}
             setattr(kp, attr, frozenset((getattr(kp, attr) | on) - off))
         model.rope_freqs = bool(spec.get("step", {}).get("rope_freqs", saved_freqs))
-        gm.ROPE_EARLY = bool(spec.get("step", {}).get("rope_early", saved_early))
         if "attn" in spec:
             ta.swap_decode_config, ta.warp_decode_config = forced(base_swap), forced(base_warp)
         yield
     finally:
         gm.default_config, ta.swap_decode_config, ta.warp_decode_config = saved
         kp.USE_PDL, kp.KINDS, kp.LATE, gm.PDL_FIRST = saved_pdl
-        model.rope_freqs, gm.ROPE_EARLY = saved_freqs, saved_early
+        model.rope_freqs = saved_freqs
         ta._OP_CONFIGS.clear()

@@ -34,9 +34,6 @@ MAX_SPLIT_K = 16
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 H200_SMS = 132  # the default's target when no CUDA device is visible (interpreter, meta)
 ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
-# one-row RoPE launches read (or compute) the rotation factors right after the PDL wait, in
-# the first loop step, not in the epilogue (kernel ROPE_EARLY)
-ROPE_EARLY = True
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
 # programmatic dependent launch of the main kernel: kvtax.pdl (KVTAX_PDL=0 turns it off)
 # where the main kernel waits under PDL: 0 first thing; 1 after issuing its first W tile
@@ -447,7 +444,6 @@ def _gemv(
         n_rows, k, k_per, x2.stride(0), w.stride(0), r2.stride(0), y2.stride(0), float(eps),
         *rope_args, ROPE=rope is not None, HEAD_DIM=_rope_head_dim(rope) if rope else 0,
         ROPE_FREQS=rope is not None and _rope_freqs(rope),
-        ROPE_EARLY=rope is not None and rows == 1 and ROPE_EARLY,
         ROWS=rows, NORM=norm_weight is not None, OFFSET=norm_offset,
         BIAS=bias is not None and not split, RESIDUAL=residual is not None and not split,
         SILU_MUL=silu_mul and not split, GELU=gelu, SPLIT=split,

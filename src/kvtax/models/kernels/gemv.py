@@ -108,7 +108,7 @@ def _finish_row(
     N, K, stride_rm, stride_ym, eps, rope,
     ROWS: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
     SILU_MUL: tl.constexpr, GELU: tl.constexpr, SPLIT: tl.constexpr, ROPE: tl.constexpr,
-    ROPE_FREQS: tl.constexpr = False, rope_cs=None, ROPE_EARLY: tl.constexpr = False,
+    ROPE_FREQS: tl.constexpr = False,
 ):
     """Reduce one row's tiles over K, then store a partial (SPLIT) or the finished output."""
     y = tl.sum(acc, 1)  # [BLOCK_N]
@@ -120,8 +120,7 @@ def _finish_row(
     else:
         u = tl.sum(acc_u, 1) if SILU_MUL else y
         _epilogue(y, u, tl.sum(ss, 0), row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
-                  NORM, BIAS, RESIDUAL, SILU_MUL, GELU, rope, ROPE, ROPE_FREQS, rope_cs,
-                  ROPE_EARLY)
+                  NORM, BIAS, RESIDUAL, SILU_MUL, GELU, rope, ROPE, ROPE_FREQS)
 
 
 @triton.jit
@@ -148,15 +147,14 @@ def _rope_factors(rope, o_n, row, DTYPE: tl.constexpr, ROPE_FREQS: tl.constexpr)
 def _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
               NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
               SILU_MUL: tl.constexpr, GELU: tl.constexpr, rope=None, ROPE: tl.constexpr = False,
-              ROPE_FREQS: tl.constexpr = False, rope_cs=None, ROPE_EARLY: tl.constexpr = False):
+              ROPE_FREQS: tl.constexpr = False):
     """Finish one row's `[BLOCK_N]` sums and store them: y (and u, the up rows' sums, under
     SILU_MUL) times rsqrt(ss / K + eps) (NORM; ss the row's sum of x²), plus the bias
     (BIAS, not with SILU_MUL), rotated (ROPE: y's halves hold the two rotary halves of
     one head; `rope` = (cos, signed sin tables [n_pos, D], their row stride, n_pos, the
     rotated row count; ROPE_FREQS: positions `[n_pos]` and inverse frequencies `[D / 2]`
-    fp32 in place of the tables); input row `row` is position row % n_pos; ROPE_EARLY: the
-    factors came in as `rope_cs`), act(y) · u with act SiLU or (GELU) GELU-tanh, plus the
-    residual row."""
+    fp32 in place of the tables); input row `row` is position row % n_pos), act(y) · u with
+    act SiLU or (GELU) GELU-tanh, plus the residual row."""
     if NORM:
         rstd = tl.rsqrt(ss / K + eps)
         y = y * rstd
@@ -165,10 +163,7 @@ def _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
         y += tl.load(B + o_n, mask=m_n, other=0.0).to(tl.float32)
     if ROPE:
         rope_rows = rope[4]
-        if ROPE_EARLY:
-            cs, sn = rope_cs
-        else:
-            cs, sn = _rope_factors(rope, o_n, row, Y.dtype.element_ty, ROPE_FREQS)
+        cs, sn = _rope_factors(rope, o_n, row, Y.dtype.element_ty, ROPE_FREQS)
         half: tl.constexpr = y.shape[0] // 2
         partner = tl.reshape(tl.flip(tl.reshape(y, (2, half)), 0), (y.shape[0],))  # d ± D/2
         y = tl.where(o_n < rope_rows, y * cs + partner * sn, y)
@@ -194,7 +189,6 @@ def _gemv_kernel(
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0, PDL: tl.constexpr = False,
     PDL_FIRST: tl.constexpr = False, PDL_LATE: tl.constexpr = False, FOLD: tl.constexpr = 1,
     PREFETCH: tl.constexpr = 0, ROPE_FREQS: tl.constexpr = False,
-    ROPE_EARLY: tl.constexpr = False,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -205,9 +199,7 @@ def _gemv_kernel(
     row N - 1 (read, never stored) so the W loads need no row mask. ROPE (unsplit, N a
     multiple of HEAD_DIM, BLOCK_N even and dividing HEAD_DIM): see the module docstring;
     CS / SN `[n_pos, HEAD_DIM]` (ROPE_FREQS: positions `[n_pos]`, inverse frequencies
-    `[HEAD_DIM / 2]` fp32), rows below rope_rows rotated; ROPE_EARLY (one input row): the
-    rotation factors are read (or computed) in the first loop step, right after the PDL
-    wait, so their latency hides under the W stream instead of adding to the tail. PDL: see the module
+    `[HEAD_DIM / 2]` fp32), rows below rope_rows rotated. PDL: see the module
     docstring (the wait sits between the first step's W loads and its x loads). FOLD:
     each step's products are summed in groups of FOLD neighbouring columns (within a
     lane's own vector: no shuffles) before they join the accumulators, which are then
@@ -255,9 +247,6 @@ def _gemv_kernel(
     ss3 = tl.zeros([BLOCK_K], dtype=tl.float32)
     b_g = tl.zeros([BLOCK_K], dtype=tl.float32)
     b_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    rope = (CS, SN, stride_cs, n_pos, rope_rows, HEAD_DIM)
-    cs_e = tl.zeros([BLOCK_N], dtype=tl.float32)  # ROPE_EARLY's factors
-    sn_e = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(k_start, k_start + K_PER, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
         m_k = o_k < K
@@ -280,9 +269,6 @@ def _gemv_kernel(
         if PDL and PDL_FIRST:
             if k0 == k_start:  # W (and g) are in flight; x comes from the kernel before
                 gdc_wait()
-        if ROPE_EARLY:
-            if k0 == k_start:  # after the wait (the position is the step's)
-                cs_e, sn_e = _rope_factors(rope, o_n, 0, Y.dtype.element_ty, ROPE_FREQS)
         b_w = raw_w.to(tl.float32)
         if SILU_MUL:
             b_u = raw_u.to(tl.float32)
@@ -309,9 +295,10 @@ def _gemv_kernel(
             acc3 += _fold(b_w * b_x[None, :], FOLD)
             if SILU_MUL:
                 up3 += _fold(b_u * b_x[None, :], FOLD)
+    rope = (CS, SN, stride_cs, n_pos, rope_rows, HEAD_DIM)
     _finish_row(acc0, up0, ss0, 0, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
                 stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE,
-                ROPE_FREQS, (cs_e, sn_e), ROPE_EARLY)
+                ROPE_FREQS)
     if ROWS > 1:
         _finish_row(acc1, up1, ss1, 1, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
                     stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE,
