@@ -21,7 +21,7 @@
 #   early     GPU tests (GEMV, decoder), then decode.py at 32k, int4 / int8 / bf16: the qkv
 #             GEMV's rotation factors read (or computed from the positions) right after
 #             its PDL wait instead of in its epilogue: tables or positions x early or late
-#             (ROPE_EARLY measured no faster and was dropped; the positions kept: 9dcb1e4)
+#             (ROPE_EARLY measured no faster and was dropped; the positions kept: 85fc0f6)
 #   record    GPU tests (GEMV, decoder, runner, argmax), then issue 4's benchmark at 32k /
 #             64k / 128k, bf16 / int8 / int4 with the final defaults (the greedy graph
 #             step, RoPE tables built in the qkv GEMV, qkv / o / down waiting after
