@@ -61,7 +61,7 @@ early)
   decode_variants early-bf16 150 bf16 "$V" --contexts 32k
   ;;
 record)
-  gpu_tests tests.log 90 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py \
+  gpu_tests tests.log 70 tests/test_gemv.py tests/test_gemv_decoder.py tests/test_runner.py \
     tests/test_argmax.py
   timeout 250 python3 benchmarks/decode.py --contexts 32k,64k,128k --kv bf16,int8,int4 \
     --compile on --tokens 32 --warmup 4 --out "$R/decode.json" > "$R/decode.log" 2>&1
