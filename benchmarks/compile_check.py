@@ -15,7 +15,6 @@ Exits 1 if any variant fails to compile.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import sys
 import traceback
@@ -218,16 +217,6 @@ def gemv_cases():
                 yield (f"gemv {name} {fusion} default pdl, wait after the first W tile",
                        lambda x=x, w=w, kw=kw, s=gated: _with_gemv_first(lambda: _with_all_pdl(
                            lambda: gm.gemv(x, w, silu_mul=s, **kw))))
-                # W lines asked of L2 before the wait (GemvConfig.prefetch), both placements
-                n_out = n if gated else w.shape[0]
-                pf = dataclasses.replace(gm.default_config(n_out, k, silu_mul=gated), prefetch=2)
-                yield (f"gemv {name} {fusion} {pf.tag} pdl",
-                       lambda x=x, w=w, kw=kw, s=gated, pf=pf: _with_all_pdl(lambda: gm.gemv(
-                           x, w, silu_mul=s, config=pf, **kw)))
-                yield (f"gemv {name} {fusion} {pf.tag} pdl, wait after the first W tile",
-                       lambda x=x, w=w, kw=kw, s=gated, pf=pf: _with_gemv_first(
-                           lambda: _with_all_pdl(lambda: gm.gemv(
-                               x, w, silu_mul=s, config=pf, **kw))))
 
 
 def argmax_cases():

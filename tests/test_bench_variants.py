@@ -42,10 +42,9 @@ def test_parse_names_bad_items(variants) -> None:
                 "o.block_n=two", "step.fast=1"):
         with pytest.raises(SystemExit, match="SCOPE.FIELD=INT"):
             variants.parse(bad)
-    # step.greedy picks decode.py's timed step; gemv.prefetch is a GemvConfig field
+    # step.greedy picks decode.py's timed step
     assert variants.greedy_step("step.greedy=0") is False
     assert variants.greedy_step("") is True and variants.greedy_step("", False) is False
-    assert variants.parse("qkv.prefetch=2") == {"qkv": {"prefetch": 2}}
 
 
 def test_apply_switches_the_rope_source_then_restores(variants, model) -> None:

@@ -7,7 +7,6 @@ tests/kernels_env.py does for the attention kernels) and run on CPU tensors.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -281,30 +280,29 @@ def test_rope_bad_input():
 
 @pytest.mark.skipif(not ke.HAS_CUDA, reason="programmatic dependent launch: CUDA sm_90+")
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("first", [0, 1, 3], ids=["wait-first", "after-tile", "residual"])
-@pytest.mark.parametrize("prefetch", [0, 2], ids=["", "prefetch2"])
-def test_pdl_chain_matches_plain_launches(graph, first, prefetch, monkeypatch):
+@pytest.mark.parametrize("first", [0, 1, 3, 4],
+                         ids=["wait-first", "after-tile", "residual", "residual+rope"])
+def test_pdl_chain_matches_plain_launches(graph, first, monkeypatch):
     """A chain of GEMVs, each reading the one before's output (as in a decode step), gives
     bit-identical results launched with PDL (each waits before reading x) and without;
     in a CUDA graph too (the runner's path). A kernel that read x before its wait would
     see the previous step's values here: the chain runs twice on changing inputs.
     `first`: gemv.PDL_FIRST, where the waits sit (first thing / after the first W tile /
-    after it in the residual launch only); `prefetch`: W steps asked of L2 before the
-    wait (GemvConfig.prefetch) in every launch."""
+    after it in the residual launch only / there and in the RoPE launch)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("PDL needs sm_90+")
     monkeypatch.setattr(gm, "PDL_FIRST", first)
-    base = gm.default_config
-    monkeypatch.setattr(gm, "default_config", lambda *a, **kw: dataclasses.replace(
-        base(*a, **kw), prefetch=prefetch))
     x, w1, g, _ = _inputs(1, 4096, 4096, torch.bfloat16, norm=True, silu=True, seed=1)
     w2 = (torch.randn(4096, 4096, device=DEVICE) / 64).to(torch.bfloat16)
     w3 = (torch.randn(6144, 4096, device=DEVICE) / 64).to(torch.bfloat16)
 
-    def chain(inp):
+    pos = torch.tensor([70000], device=DEVICE)
+    inv = inv_frequencies(128, 500000.0).to(DEVICE)
+
+    def chain(inp):  # gate/up, o-like with the residual, qkv with its RoPE epilogue
         h = gemv(inp, w1, norm_weight=g, silu_mul=True)  # [1, 4096]
         y = gemv(h, w2, residual=inp)
-        return gemv(y, w3, norm_weight=g)
+        return gemv(y.view(1, 1, -1), w3, norm_weight=g, rope=(pos, inv, 5120))
 
     results = {}
     for on in (False, True):
@@ -364,12 +362,6 @@ def test_bad_input_raises(monkeypatch):
         GemvConfig(fold=3)
     with pytest.raises(OptionError, match="fold=64 must be <= block_k=32"):
         GemvConfig(block_k=32, fold=64)
-    with pytest.raises(OptionError, match="prefetch=3"):
-        GemvConfig(prefetch=3)
-    assert GemvConfig(prefetch=2).tag.endswith("-p2")
-    # without PDL (here: CPU / interpreter) the prefetch is not built; the result stands
-    assert torch.equal(gemv(x, w, config=GemvConfig(block_n=8, block_k=32, prefetch=4)),
-                       gemv(x, w, config=GemvConfig(block_n=8, block_k=32)))
     assert gm.unsupported_reason(x, w, norm_weight=g, residual=r) is None
     monkeypatch.setattr(gm, "_interpreting", lambda: False)
     if not ke.HAS_CUDA:

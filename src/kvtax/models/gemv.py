@@ -63,7 +63,6 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 1
     fold: int = 1  # products summed in groups of `fold` columns each step (kernel FOLD)
-    prefetch: int = 0  # W steps asked of L2 before the PDL wait (kernel PREFETCH; PDL only)
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps", "fold"):
@@ -76,14 +75,11 @@ class GemvConfig:
             raise OptionError(f"GemvConfig.fold={self.fold} must be <= block_k={self.block_k}")
         if self.num_stages < 1:
             raise OptionError(f"GemvConfig.num_stages={self.num_stages} must be >= 1")
-        if self.prefetch < 0 or self.prefetch & (self.prefetch - 1):
-            raise OptionError(f"GemvConfig.prefetch={self.prefetch} must be 0 or a power of two")
 
     @property
     def tag(self) -> str:
         return (f"n{self.block_n}-k{self.block_k}-s{self.split_k}-w{self.num_warps}"
-                f"-st{self.num_stages}" + (f"-f{self.fold}" if self.fold > 1 else "")
-                + (f"-p{self.prefetch}" if self.prefetch else ""))
+                f"-st{self.num_stages}" + (f"-f{self.fold}" if self.fold > 1 else ""))
 
 
 @lru_cache(maxsize=256)
@@ -371,8 +367,7 @@ def gemv(
     if reason is not None:
         raise ShapeError(f"gemv cannot run: {reason}")
     cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
-                                       config.num_warps, config.num_stages, config.fold,
-                                       config.prefetch)
+                                       config.num_warps, config.num_stages, config.fold)
     if torch.compiler.is_compiling():
         cos, sin, rot = rope if rope is not None else (None, None, 0)
         y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul,
@@ -420,8 +415,6 @@ def _gemv(
     b = bias.contiguous() if bias is not None else x2  # placeholders are never read
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     opts.update(_pdl(x, rope is not None, residual is not None))
-    if opts.get("PDL"):  # the prefetch waits on nothing: only worth it under PDL
-        opts["PREFETCH"] = cfg.prefetch
     if (rope is not None and config is None and rows == 1 and x.is_cuda
             and cfg.block_n * cfg.block_k <= 8 * 512):
         # Triton 3.6 compiles the RoPE epilogue to 93 registers (sm_90; 3.9: 80, as without

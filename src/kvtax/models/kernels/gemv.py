@@ -26,9 +26,6 @@ nothing the step writes). Which launches wait where is kvtax.models.gemv.PDL_FIR
 choice: holding the tile across the wait costs qkv's RoPE launch 101 instead of 80
 registers (all launches so: 2% slower than no PDL, session 11), while the residual
 launches (o, down) keep 48 and gain a little (session 13, docs/BENCHMARKS.md).
-PREFETCH (under PDL): before its wait a program asks L2 for the 128-byte lines of its
-next PREFETCH W steps (`prefetch.global.L2`: no registers held, no data returned), so the
-DRAM streams this kernel's weights while the kernel before it drains its last wave.
 
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
@@ -56,26 +53,6 @@ def _load_x(p_x, o_k, m_k, b_g, ss, NORM: tl.constexpr, EVEN_K: tl.constexpr):
         ss += b_x * b_x
         b_x = b_x * b_g
     return b_x, ss
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    """Ask L2 for the 128-byte line of each pointer in `ptrs` (a hint; nothing returns)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_rows(p_rows, k0, k_end, STEPS: tl.constexpr, BLOCK_K: tl.constexpr):
-    """L2 prefetch of columns [k0, k0 + STEPS·BLOCK_K) ∩ [.., k_end) of the W rows
-    `p_rows` `[BLOCK_N, 1]`: one pointer per 128-byte line (column offsets clamped to
-    k_end - 1, so no line past the rows' end is asked for)."""
-    ELEM: tl.constexpr = p_rows.dtype.element_ty.primitive_bitwidth // 8
-    LINE: tl.constexpr = 128 // ELEM
-    SPAN: tl.constexpr = STEPS * BLOCK_K
-    LINES: tl.constexpr = SPAN // LINE if SPAN > LINE else 1
-    o = tl.minimum(k0 + tl.arange(0, LINES) * LINE, k_end - 1)
-    _prefetch_l2(p_rows + o[None, :])
 
 
 @triton.jit
@@ -188,7 +165,7 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0, PDL: tl.constexpr = False,
     PDL_FIRST: tl.constexpr = False, PDL_LATE: tl.constexpr = False, FOLD: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = 0, ROPE_FREQS: tl.constexpr = False,
+    ROPE_FREQS: tl.constexpr = False,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
     G `[K]` norm weight, B `[N]` bias, R/Y `[ROWS, N]`; WS `[splits, ROWS, N]` fp32,
@@ -204,9 +181,13 @@ def _gemv_kernel(
     each step's products are summed in groups of FOLD neighbouring columns (within a
     lane's own vector: no shuffles) before they join the accumulators, which are then
     `[BLOCK_N, BLOCK_K / FOLD]`, so a tile with long runs per W row (2 x 2048) fits the
-    registers (kvtax.models.gemv.default_config). PREFETCH (a power of two, PDL only):
-    W steps asked of L2 before the wait, from the first step not loaded into registers.
+    registers (kvtax.models.gemv.default_config).
     """
+    if PDL:
+        if not PDL_LATE:  # PDL_LATE: at the end (kvtax.pdl)
+            gdc_launch_dependents()
+        if not PDL_FIRST:  # wait before any load (no W tile held across the wait)
+            gdc_wait()
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     if ROPE:  # BLOCK_N / 2 rows of each rotary half of one head
@@ -221,18 +202,6 @@ def _gemv_kernel(
     o_w = tl.minimum(o_n, N - 1).to(tl.int64)
     p_w = W + o_w[:, None] * stride_wn  # [BLOCK_N, 1]
     p_u = W + (o_w + N)[:, None] * stride_wn  # up rows (SILU_MUL only)
-    k_start = pid_s * K_PER
-    if PDL:  # (pointer arithmetic above: no memory touched before the wait)
-        if not PDL_LATE:  # PDL_LATE: at the end (kvtax.pdl)
-            gdc_launch_dependents()
-        if PREFETCH > 0:  # weights depend on nothing the step writes
-            k_pf = k_start + (BLOCK_K if PDL_FIRST else 0)
-            k_end = tl.minimum(k_start + K_PER, K)
-            _prefetch_rows(p_w, k_pf, k_end, PREFETCH, BLOCK_K)
-            if SILU_MUL:
-                _prefetch_rows(p_u, k_pf, k_end, PREFETCH, BLOCK_K)
-        if not PDL_FIRST:  # wait before any load (no W tile held across the wait)
-            gdc_wait()
     acc0 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
@@ -247,6 +216,7 @@ def _gemv_kernel(
     ss3 = tl.zeros([BLOCK_K], dtype=tl.float32)
     b_g = tl.zeros([BLOCK_K], dtype=tl.float32)
     b_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    k_start = pid_s * K_PER
     for k0 in range(k_start, k_start + K_PER, BLOCK_K):
         o_k = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
         m_k = o_k < K
