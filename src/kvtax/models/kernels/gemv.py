@@ -22,10 +22,11 @@ read lets the next launch first thing and waits first thing, 0.68 µs when it wa
 after loading its first block). A program lets the next kernel launch at once and waits
 (`griddepcontrol.wait`) for the kernels before it to finish before its first load
 (PDL_FIRST=False) or after issuing its first W tile (PDL_FIRST: weights depend on
-nothing the step writes). Which launches wait where is kvtax.models.gemv.PDL_FIRST's
-choice: holding the tile across the wait costs qkv's RoPE launch 101 instead of 80
-registers (all launches so: 2% slower than no PDL, session 11), while the residual
-launches (o, down) keep 48 and gain a little (session 13, docs/BENCHMARKS.md).
+nothing the step writes). The tile is held in W's own dtype and widened after the wait
+(as fp32 it cost qkv's RoPE launch 107 registers instead of 93, gate/up 143 instead of
+80; in W's dtype 92 and 120, Triton 3.6, sm_90). Which launches wait where is
+kvtax.models.gemv.PDL_FIRST's choice: qkv, o and down (session 14, docs/BENCHMARKS.md);
+gate/up, at 4 programs per SM instead of 6, slows the o GEMV beside it.
 
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
@@ -183,11 +184,6 @@ def _gemv_kernel(
     `[BLOCK_N, BLOCK_K / FOLD]`, so a tile with long runs per W row (2 x 2048) fits the
     registers (kvtax.models.gemv.default_config).
     """
-    if PDL:
-        if not PDL_LATE:  # PDL_LATE: at the end (kvtax.pdl)
-            gdc_launch_dependents()
-        if not PDL_FIRST:  # wait before any load (no W tile held across the wait)
-            gdc_wait()
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     if ROPE:  # BLOCK_N / 2 rows of each rotary half of one head
@@ -202,6 +198,11 @@ def _gemv_kernel(
     o_w = tl.minimum(o_n, N - 1).to(tl.int64)
     p_w = W + o_w[:, None] * stride_wn  # [BLOCK_N, 1]
     p_u = W + (o_w + N)[:, None] * stride_wn  # up rows (SILU_MUL only)
+    if PDL:  # (the pointer arithmetic above touches no memory: it overlaps the wait)
+        if not PDL_LATE:  # PDL_LATE: at the end (kvtax.pdl)
+            gdc_launch_dependents()
+        if not PDL_FIRST:  # wait before any load (no W tile held across the wait)
+            gdc_wait()
     acc0 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
