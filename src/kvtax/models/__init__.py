@@ -6,6 +6,7 @@
     >>> caches = runner.make_caches(capacity=1024)
     >>> logits = runner.prefill(ids, caches)            # ids [B, T] → [B, vocab]
     >>> logits = runner.decode_step(next_ids, caches)   # [B, 1] → [B, vocab]
+    >>> next_ids = runner.decode_greedy(next_ids, caches)  # [B, 1] → [B, 1], one replay
 """
 
 from kvtax.models.config import CONFIG_NAMES, ModelConfig, get_config
