@@ -37,16 +37,14 @@ ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
 # programmatic dependent launch of the main kernel: kvtax.pdl (KVTAX_PDL=0 turns it off)
 # where the main kernel waits under PDL: 0 first thing; 1 after issuing its first W tile
-# (every launch: measured 2% slower in the model, session 11, because the RoPE launch
-# then needs 101 registers and qkv's 768 programs no longer fit one wave); 2 after the
-# first W tile except in the RoPE launch (its register cap is its occupancy edge); 3 only
-# in the residual launches (o, down: 48 registers either way on sm_90, where holding the
-# tile takes gate/up and lm_head from 121 to 152, one program fewer per SM). 3 is the
-# default: Llama-3.1-8B at 32k on the H200 (session 13 call 1, ms per token, 0 / 3 / 2):
-# int4 4.483 / 4.465 / 4.574, int8 4.692 / 4.682; bf16 5.113 / 5.115 (call 2); 4: the
-# residual launches and the RoPE launch (qkv), not gate/up or lm_head — the default since
-# the tile is held in W's dtype (qkv 92 registers, capped at 80; session 14 call 2, 32k,
-# mode 4 / 3: int4 4.254 / 4.286 ms, int8 4.517 / 4.542, bf16 4.939 / 4.956)
+# in every launch; 2 in every launch but the RoPE one (qkv); 3 only in the residual
+# launches (o, down); 4 (default) in those and the RoPE launch, not gate/up or lm_head.
+# The held tile stays in W's dtype until after the wait (Triton 3.6, sm_90: qkv 92
+# registers, run capped at 80 so its 768 programs fit one wave; gate/up 120 instead of 80,
+# 4 programs per SM instead of 6). Llama-3.1-8B on the H200, ms per token: session 13
+# (tile held as fp32, 32k, modes 0 / 3 / 2) int4 4.483 / 4.465 / 4.574; session 14 call 2
+# (32k, modes 4 / 3 / 1 / 2) int4 4.254 / 4.286 / 4.263 / 4.301, int8 4.517 / 4.542, bf16
+# 4.939 / 4.956; call 3 (32k-128k, 4 vs 3): 0 to -0.4% in every cell
 PDL_FIRST = 4
 PDL_FIRST_MODES = (0, 1, 2, 3, 4)
 
