@@ -157,13 +157,17 @@ class Block(nn.Module):
             self.post_attn_norm = RMSNorm(cfg.hidden_size, eps, off)
             self.post_ffn_norm = RMSNorm(cfg.hidden_size, eps, off)
 
+    def fused(self, x: torch.Tensor) -> bool:
+        """Whether `forward(x, ...)` runs the fused GEMV path (decode-sized x)."""
+        return self.fused_gemv and _gemv_api().unsupported_reason(x, self.attn.wqkv.weight) is None
+
     def forward(self, x, cos, sin, cache, write_pos, length_t, freqs=None):  # noqa: ANN001, ANN201
         """freqs: (positions, inv_freq) the tables cos / sin were built from; the fused
-        qkv GEMV builds its own from them (no table kernels in a decode step)."""
-        if self.fused_gemv:
-            gm = _gemv_api()
-            if gm.unsupported_reason(x, self.attn.wqkv.weight) is None:
-                return self._forward_gemv(gm, x, cos, sin, cache, write_pos, length_t, freqs)
+        qkv GEMV builds its own from them (no table kernels in a decode step; cos / sin
+        may then be None)."""
+        if self.fused(x):
+            return self._forward_gemv(_gemv_api(), x, cos, sin, cache, write_pos, length_t,
+                                      freqs)
         h = self.attn(self.attn_norm(x), cos, sin, cache, write_pos, length_t)
         x = x + (self.post_attn_norm(h) if self.sandwich else h)
         h = self.mlp(self.ffn_norm(x))
@@ -295,8 +299,11 @@ class DecoderModel(nn.Module):
         x = self.embed(tokens)
         if cfg.embed_scale:
             x = x * torch.tensor(math.sqrt(cfg.hidden_size), dtype=x.dtype)
-        rope = rope_cos_sin(positions, self.inv_freq, x.dtype)
-        rope_local = rope_cos_sin(positions, self.inv_freq_local, x.dtype) if any(
+        # tables only where a layer reads them: not when every qkv GEMV builds its own
+        tables = not (self.rope_freqs and all(
+            layer.attn.rope_in_gemv and layer.fused(x) for layer in self.layers))
+        rope = rope_cos_sin(positions, self.inv_freq, x.dtype) if tables else (None, None)
+        rope_local = rope_cos_sin(positions, self.inv_freq_local, x.dtype) if tables and any(
             self.local_rope
         ) else rope
         for layer, cache, local in zip(self.layers, caches, self.local_rope):
