@@ -112,7 +112,7 @@ def decode_plot(a: Mapping[str, Any], path: Path) -> Path | None:
         if fit and base in fits and arm != base and bpt.get(arm) and bpt.get(base):
             m = fits[base]["m"] * bpt[arm] / bpt[base]
             ax.plot([0, top], [fit["t0"], fit["t0"] + m * top], color=s["color"], lw=0.8,
-                    linestyle=(0, (1, 2)))
+                    linestyle=(0, (1, 2)), gid=f"predicted {arm}")
     if any(p["flagged"] for per in pts.values() for p in per.values()):
         ax.plot([], [], "x", color="red", label="flagged (excluded from fit)")
     ax.plot([], [], color="grey", lw=0.8, linestyle=(0, (1, 2)),
