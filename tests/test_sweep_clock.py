@@ -59,3 +59,19 @@ def test_a_cell_longer_than_the_whole_budget_is_a_skipped_row(tmp_path, monkeypa
     assert by_ctx[16]["status"] == "ok"
     assert by_ctx[32]["status"] == "skipped"
     assert "more than the whole time budget of 600 s" in by_ctx[32]["error"]
+
+
+def test_no_arm_is_measured_before_its_warm_up(tmp_path, monkeypatch):
+    """A warm-up left for --resume holds back its arm's measured cells too."""
+    cfg = SweepConfig(level="attention", model="attn-test", heads=4, kv_heads=2, head_dim=64,
+                      contexts=[16], kvs=["fp16", "int8"], paths=["fused"], reps=1, warmup=1,
+                      decode_tokens=2)
+    real = CellClock.estimate
+    monkeypatch.setattr(sweep.CellClock, "estimate", lambda self, c: 600.0 if c.warmup and
+                        c.kv == "int8" else real(self, c))
+    store = run_sweep(cfg, out=str(tmp_path), print_fn=lambda s: None, budget_s=600.0)
+    assert sorted(r["arm"] for r in read_rows(store.path)) == ["fp16/fused", "fp16/fused"]
+    store = run_sweep(cfg, resume=str(store.path), print_fn=lambda s: None)
+    int8 = sorted((r for r in read_rows(store.path) if r["kv"] == "int8"),
+                  key=lambda r: r["seq"])
+    assert [r["warmup"] for r in int8] == [True, False]

@@ -177,6 +177,7 @@ def run_sweep(
     ran = executed = 0
     clock = CellClock()
     left: list[Cell] = []  # cells the time budget did not reach
+    cold: set[str] = set()  # arms whose warm-up was left for a later call
     try:
         for cell in todo:
             payload = _payload(cell, store, env, cell_overrides)
@@ -196,8 +197,11 @@ def run_sweep(
                 store.append(failure_row(payload, "skipped", None, budget_skip(guess, budget_s)))
                 ran += 1
                 continue
-            if budget_s is not None and time.monotonic() - t_start + guess > budget_s:
+            if budget_s is not None and (cell.arm in cold
+                                         or time.monotonic() - t_start + guess > budget_s):
                 left.append(cell)  # fits a later call: --resume runs it; smaller ones go on
+                if cell.warmup:  # ...but no arm is measured before its warm-up
+                    cold.add(cell.arm)
                 continue
             label = f"{cell.arm} ctx={cell.context} rep={cell.rep}" + (
                 " (warm-up)" if cell.warmup else ""
