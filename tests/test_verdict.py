@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvtax.cli import main as cli_main
 from kvtax.harness import stats
 from kvtax.harness.analysis import summarize
 from kvtax.harness.report import write_report
@@ -162,3 +163,27 @@ def test_a_win_on_prefill_alone_is_not_the_cache_paying_off():
     assert v["advice"][1024][64]["winner"] == "int8/dequant"
     assert not v["pays_off"]
     assert "does not pay off" in sentences(v)[0]
+
+
+def test_linked_quality_and_recall_runs_fill_the_verdict(tmp_path):
+    bench = RunStore.create(tmp_path, "gpu", {"cv_threshold": 0.1})
+    bench.write_env(H200)
+    for r in planted_rows(GPU, GPU_CTX):
+        bench.append(r)
+    qrun = RunStore.create(tmp_path, "q", {"kind": "quality"})
+    for i, (kv, ctx, kl) in enumerate([("int8", 4096, 0.002), ("int8", 32768, 0.004),
+                                       ("int4", 32768, 0.05)]):
+        qrun.append({"kind": "quality", "status": "ok", "cell_id": f"q{i}", "kv": kv,
+                     "context": ctx, "kl": kl, "seq": i, "model": "llama-3.1-8b"})
+    rrun = RunStore.create(tmp_path, "r", {"kind": "recall"})
+    for i in range(4):
+        rrun.append({"kind": "recall", "status": "ok", "cell_id": f"r{i}", "arm": "int4/fused",
+                     "context": 4096, "correct": i < 3, "fact_index": i, "warmup": False})
+    assert cli_main(["report", str(bench.path), "--quality", str(qrun.path),
+                     "--recall", str(rrun.path)]) == 0
+    md = (bench.path / "report.md").read_text()
+    int8 = next(ln for ln in md.splitlines() if ln.startswith("| int8/fused | 16,384 |"))
+    assert "0.00400 @ 32,768" in int8, "KL at the largest context with a quality row"
+    int4 = next(ln for ln in md.splitlines() if ln.startswith("| int4/fused |"))
+    assert "0.0500 @ 32,768" in int4 and int4.rstrip(" |").endswith("3/4")
+    assert cli_main(["report", str(bench.path), "--quality", str(tmp_path / "nope")]) == 2
