@@ -180,6 +180,8 @@ def test_compare_two_runs(tmp_path, run_a):
     assert all(abs(float(c.split()[0]) - 0.5) < 0.01 for c in dec[1:]), "B decodes 2x as fast"
     assert _table_row(md, "int8/fused", "## cache_bytes")[1] == "1.00 (2.12 MiB → 2.12 MiB)"
     assert _table_row(md, "fp16/fused", "## recall_accuracy")[1] == "1.00 (4/4 → 4/4)"
+    assert re.search(r"- \*\*A\*\* \(best fp16 arm fp16/fused\): On Synthetic GPU with tiny, "
+                     r"quantized KV", md), "each run's verdict, first sentence"
     m_ratio = _table_row(md, "fp16/fused", "## Decode fits")[5]
     assert abs(float(m_ratio) - 0.5) < 0.02
     assert (run_a.path / "figures" / f"compare-{run_b.run_id}-decode_ms_per_token.png").exists()

@@ -32,17 +32,14 @@ def _lead(v: Mapping[str, Any]) -> str:
                 f"any context measured ({span} tokens), for "
                 f"{', '.join(str(n) for n in sorted({n for per in grid.values() for n in per}))}"
                 " generated tokens.")
-    wins: dict[str, list[tuple[int, int]]] = {}
-    for ctx, n, arm in v["quantized_wins"]:
-        wins.setdefault(arm, []).append((ctx, n))
-    arm = max(sorted(wins), key=lambda a: len(wins[a]))
+    ctx, n, arm = min(v["quantized_wins"])
     row = next((r for r in v["formats"] if r["arm"] == arm), {})
-    first = min(wins[arm])
-    speed = (f"it decodes {num(row['decode_speedup'])}x as fast as the best fp16 arm "
-             f"({base}) at {row['at']:,} tokens" if row.get("decode_speedup") else "")
-    return (f"{where}, quantized KV pays off for speed from {first[0]:,}-token prompts: {arm} finishes "
-            f"first there with {first[1]:,} generated tokens, and in {len(wins[arm])} of "
-            f"{sum(len(p) for p in grid.values())} context x answer-length cases; {speed}.")
+    total = sum(len(p) for p in grid.values())
+    return (f"{where}, quantized KV pays off for speed in {len(v['quantized_wins'])} of "
+            f"{total} cases (context x generated tokens): from {ctx:,}-token prompts with "
+            f"{n:,} generated tokens, where {arm} finishes first"
+            + (f"; at {row['at']:,} tokens it decodes {num(row['decode_speedup'])}x as fast as "
+               f"the best fp16 arm ({base})." if row.get("decode_speedup") else "."))
 
 
 def sentences(v: Mapping[str, Any]) -> list[str]:
@@ -73,9 +70,9 @@ def sentences(v: Mapping[str, Any]) -> list[str]:
         fit = [f"{kv} {num(r['tokens_fit'])} ({num(r['tokens_fit_ratio'])}x)"
                for kv, r in seen.items() if r.get("tokens_fit")]
         if fit:
-            out.append(f"Memory ({v['memory_source']}: {size(v['memory_bytes'])}, minus "
-                       f"{size(v['weight_bytes'] or 0)} of weights) holds this many tokens "
-                       f"of KV cache, against {base}: " + ", ".join(fit) + ".")
+            out.append(f"Memory: {size(v['memory_bytes'])} ({v['memory_source']}) minus "
+                       f"{size(v['weight_bytes'] or 0)} of weights holds this many tokens "
+                       f"of KV cache (x {base}'s): " + ", ".join(fit) + ".")
     else:
         out.append(f"Capacity is not computed: {v['memory_source']}.")
     return out
@@ -112,9 +109,7 @@ def verdict_table(v: Mapping[str, Any]) -> list[str]:
 
 def _advice_line(v: Mapping[str, Any], n: int) -> str:
     grid = v["advice"]
-    wins = sorted((ctx, grid[ctx][n]["winner"]) for ctx in grid
-                  if n in grid[ctx] and grid[ctx][n]["winner"]
-                  and not stats.is_unquantized(grid[ctx][n]["winner"]))
+    wins = sorted((ctx, arm) for ctx, nn, arm in v["quantized_wins"] if nn == n)
     what = f"- **{n:,} generated tokens** ({WHAT_N.get(n, 'an answer')}): "
     if not wins:
         return what + "keep fp16 KV at every context measured."
@@ -143,10 +138,15 @@ def advice_table(v: Mapping[str, Any]) -> list[str]:
                 continue
             ref = secs.get(base)
             tail = "" if win == base or ref is None else f" vs {num(ref)} s"
-            cells.append(f"{win} {num(secs[win])} s{tail}")
+            star = " *" if cell.get("noisy") else ""
+            cells.append(f"{win} {num(secs[win])} s{tail}{star}")
         misfit = sorted({a for cell in per.values() for a in cell.get("misfit", [])})
         rows.append([f"{ctx:,}", *cells, ", ".join(misfit) or "-"])
-    return table(["context", *[f"{n:,} tokens" for n in ns], "does not fit in memory"], rows)
+    out = table(["context", *[f"{n:,} tokens" for n in ns], "does not fit in memory"], rows)
+    if any("*" in str(c) for r in rows for c in r):
+        out += ["`*`: the winner's TTFT or decode point there is flagged noisy; the verdict "
+                "does not count it.", ""]
+    return out
 
 
 def section_verdict(v: Mapping[str, Any] | None, figs: Mapping[str, str] | None = None

@@ -40,7 +40,7 @@ def device_memory(env: Mapping[str, Any]) -> tuple[int | None, str]:
                 for line in f:
                     if line.startswith("MemTotal:"):
                         return (int(line.split()[1]) * 1024,
-                                "CPU MemTotal (/proc/meminfo of the host that ran the sweep)")
+                                "CPU MemTotal, /proc/meminfo of the host that ran the sweep")
         except OSError:
             pass
     return None, "device memory unknown (env.json has no total memory)"
@@ -149,8 +149,9 @@ def fits_memory(a: Mapping[str, Any], arm: str, ctx: int, n: int, memory: int | 
 
 def advice_grid(a: Mapping[str, Any], memory: int | None, weights: int | None,
                 generated: Sequence[int] = GENERATED) -> dict[int, dict[int, dict[str, Any]]]:
-    """context -> generated tokens -> {winner, seconds: {arm: s}, misfit: [arms]}; the
-    winner finishes first among the arms that fit in memory."""
+    """context -> generated tokens -> {winner, seconds: {arm: s}, misfit: [arms], noisy};
+    the winner finishes first among the arms that fit in memory; `noisy`: its points at
+    that context are flagged."""
     arms = sorted(a.get("ttft_points", {}))
     ctxs = sorted({int(c) for per in a.get("ttft_points", {}).values() for c in per})
     out: dict[int, dict[int, dict[str, Any]]] = {}
@@ -161,15 +162,23 @@ def advice_grid(a: Mapping[str, Any], memory: int | None, weights: int | None,
                       is False]
             ok = {arm: s for arm, s in secs.items() if arm not in misfit}
             winner = min(sorted(ok), key=lambda x: ok[x]) if ok else None
-            out.setdefault(ctx, {})[n] = {"winner": winner, "seconds": secs, "misfit": misfit}
+            out.setdefault(ctx, {})[n] = {"winner": winner, "seconds": secs, "misfit": misfit,
+                                          "noisy": bool(winner) and noisy(a, winner, ctx)}
     return out
+
+
+def noisy(a: Mapping[str, Any], arm: str, ctx: int) -> bool:
+    """Whether the arm's decode or TTFT point at ctx is flagged (robust CV or clocks)."""
+    return any((a.get(k, {}).get(arm, {}).get(ctx) or {}).get("flagged")
+               for k in ("decode_points", "ttft_points"))
 
 
 def _kv_win(a: Mapping[str, Any], arm: str | None, ctx: int) -> bool:
     """A quantized arm finishing first because of its cache: it also decodes faster than
-    every unquantized arm there (a win on prefill alone is not the cache paying off)."""
-    if not arm or stats.is_unquantized(arm):
-        return False
+    every unquantized arm there (a win on prefill alone is not the cache paying off), and
+    neither of its points there is flagged noisy."""
+    if not arm or stats.is_unquantized(arm) or noisy(a, arm, ctx):
+        return False  # a noisy point is left out here as it is from every fit
     mine = _median(a, "decode_points", arm, ctx)
     refs = [m for x in a.get("decode_points", {}) if stats.is_unquantized(x)
             and (m := _median(a, "decode_points", x, ctx)) is not None]
