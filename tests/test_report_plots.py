@@ -70,3 +70,8 @@ def test_break_even_plot_crosses(tmp_path, figs):
     fp16, int8 = lines["fp16/fused"].get_ydata(), lines["int8/fused"].get_ydata()
     assert fp16[0] < int8[0] and fp16[-1] > int8[-1], "slower prefill, paid back by decode"
     assert "131,072-token prompt" in ax.get_title()
+
+
+def test_token_ticks_are_short():
+    assert [plots.tokens_label(x) for x in (0, 512, 1536, 131072)] == ["0", "512", "1.5k",
+                                                                         "128k"]

@@ -10,6 +10,7 @@ marker, the path the line style), so overlapping lines stay apart.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,19 @@ def title(a: Mapping[str, Any], what: str) -> str:
     return f"{what}\n{sub}" if sub else what
 
 
+def tokens_label(x: float, _pos: Any = None) -> str:
+    """A token-count tick: 131072 -> "128k", 1536 -> "1.5k", 512 -> "512"."""
+    return f"{x / 1024:g}k" if abs(x) >= 1024 else f"{x:g}"
+
+
 def _finish(ax: Any, xlabel: str, ylabel: str, legend: bool = True) -> None:
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+
     ax.set_xlim(left=0)
+    # Token counts are powers of two: ticks every 2^k tokens read 32k, 64k, 96k, 128k.
+    step = 2 ** max(0, math.ceil(math.log2(max(ax.get_xlim()[1], 1) / 6)))
+    ax.xaxis.set_major_locator(MultipleLocator(step))
+    ax.xaxis.set_major_formatter(FuncFormatter(tokens_label))
     ax.set_ylim(bottom=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
