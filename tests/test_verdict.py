@@ -187,3 +187,9 @@ def test_linked_quality_and_recall_runs_fill_the_verdict(tmp_path):
     int4 = next(ln for ln in md.splitlines() if ln.startswith("| int4/fused |"))
     assert "0.0500 @ 32,768" in int4 and int4.rstrip(" |").endswith("3/4")
     assert cli_main(["report", str(bench.path), "--quality", str(tmp_path / "nope")]) == 2
+
+
+def test_a_run_without_quantized_arms_says_so():
+    a = summarize(planted_rows({"fp16/fused": GPU["fp16/fused"]}, GPU_CTX))
+    lead = sentences(verdict(a, H200, weight_bytes=None, model="m"))[0]
+    assert "no quantized format was measured" in lead and "does not pay off" not in lead

@@ -25,7 +25,10 @@ def _lead(v: Mapping[str, Any]) -> str:
     where = f"On {v['device']} with {v['model']}"
     base, grid = v["baseline"], v["advice"]
     ctxs = sorted(grid)
-    span = f"{ctxs[0]:,}-{ctxs[-1]:,}" if ctxs else "-"
+    span = "-" if not ctxs else f"{ctxs[0]:,}" + (f"-{ctxs[-1]:,}" if len(ctxs) > 1 else "")
+    if not v["formats"]:
+        return (f"{where}, no quantized format was measured: this run holds only unquantized "
+                f"arms (the best is {base}), so it cannot say whether quantized KV pays off.")
     if not v["pays_off"]:
         return (f"{where}, quantized KV does not pay off for speed: no quantized format "
                 f"both decodes faster than the best fp16 arm ({base}) and finishes first, at "
