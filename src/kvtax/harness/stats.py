@@ -169,7 +169,8 @@ def is_unquantized(arm: str) -> bool:
 
 
 BASELINE_RULE = ("the unquantized arm with the lowest fitted decode ms/token at the "
-                 "largest context of the sweep (its median there when it has no fit)")
+                 "largest context of the sweep (its median there when it has no fit or a "
+                 "fit that falls with context)")
 
 
 def baseline_arm(arms: Iterable[str]) -> str | None:
@@ -201,7 +202,7 @@ def best_baseline(
     ctx = max(c for per in table.values() for c in per)
     judged: dict[str, float] = {}
     for arm, per in table.items():
-        if arm in fits:
+        if arm in fits and (fits[arm].m > 0 or ctx not in per):  # a noisy fall: its median
             judged[arm] = fits[arm].predict(ctx)
         elif ctx in per:
             judged[arm] = per[ctx].median
