@@ -68,6 +68,7 @@ def synthetic_rows(run_id: str, speed: float = 1.0, seed: int = 0) -> list[dict]
                     decode_ms_per_token=ms, decode_ms_samples=[ms] * 4,
                     decode_peak_bytes=int(1e9 + ctx * BPT[kv]), decode_growth=ctx == 2048,
                     cache_bytes=ctx * BPT[kv], bytes_per_token=BPT[kv],
+                    cuda_graph=kv == "fp16",
                 )
                 rows.append(row)
     for kv, right in (("fp16", 4), ("int4", 3)):
@@ -133,6 +134,8 @@ def test_report_sections_numbers_and_figures(run_a):
     assert re.search(
         r"\*\*int4/fused @ 16384\*\* \(decode_ms_per_token\): robust CV 0\.\d+ > 0\.10", md)
     fp16_dec = _table_row(md, "fp16/fused", "## Decode")
+    assert fp16_dec[-1] == "captured" and _table_row(md, "int8/fused", "## Decode")[-1] == \
+        "eager", "each arm says whether its decode replayed a CUDA graph"
     assert abs(float(fp16_dec[1].split()[0]) - (20 + 1.024)) < 0.2
     # Break-even at 16384 for int8: (1.5 - 1) * ttft / (ms saved per token).
     ttft = 16384 / 5000

@@ -55,6 +55,16 @@ def medians(rows: list[Mapping[str, Any]], metric: str) -> dict[str, dict[int, f
     return dict(out)
 
 
+def decode_modes(rows: list[Mapping[str, Any]]) -> dict[str, str]:
+    """arm -> "captured" (CUDA graph replay), "eager", or "mixed", from the rows' cuda_graph."""
+    seen: dict[str, set[bool]] = defaultdict(set)
+    for r in rows:
+        if stats.usable(r) and r.get("cuda_graph") is not None:
+            seen[str(r["arm"])].add(bool(r["cuda_graph"]))
+    return {arm: "mixed" if len(v) > 1 else ("captured" if True in v else "eager")
+            for arm, v in sorted(seen.items())}
+
+
 def recall_tables(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Recall accuracy: arm -> context -> [correct, asked]; arm -> fact -> [c, n] (a fact
     sits at the same planned depth at every context) with each fact's mean measured depth;
@@ -149,6 +159,7 @@ def gather(run_dir: Path, price_per_hour: float | None = None,
         a = summarize(bench, cv_threshold=cv, claims=config.get("claims") or [])
         a["cache_bytes"] = medians(bench, "cache_bytes")
         a["cache_used_bytes"] = medians(bench, "cache_used_bytes")
+        a["decode_mode"] = decode_modes(bench)
         a["meta"] = {"model": ", ".join(data["models"]), "device": env.get("device"),
                      "date": str(env.get("timestamp", ""))[:10] or None,
                      "memory_kind": next((r["memory_kind"] for r in bench

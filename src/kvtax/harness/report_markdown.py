@@ -78,9 +78,11 @@ def section_decode(a: Mapping[str, Any], figs: Mapping[str, str]) -> list[str]:
         return []
     base = a.get("baseline")
     ctxs = _contexts(pts)
+    modes = a.get("decode_mode") or {}
     out = ["## Decode: ms per generated token vs context", "",
            "Median over repetitions (robust CV in brackets); `*` marks a flagged cell, left "
-           "out of the fit.", ""]
+           "out of the fit." + (" `decode ran`: captured = CUDA-graph replay, eager = one "
+                                "launch per op." if modes else ""), ""]
     rows = []
     for arm, per in sorted(pts.items()):
         cells = []
@@ -91,8 +93,8 @@ def section_decode(a: Mapping[str, Any], figs: Mapping[str, str]) -> list[str]:
                 continue
             cv = "" if p["cv"] is None else f" ({p['cv']:.3f})"
             cells.append(f"{num(p['median'])}{cv}{' *' if p['flagged'] else ''}")
-        rows.append([arm, *cells])
-    out += table(["arm", *[str(c) for c in ctxs]], rows)
+        rows.append([arm, *cells] + ([modes.get(arm, "-")] if modes else []))
+    out += table(["arm", *[str(c) for c in ctxs]] + (["decode ran"] if modes else []), rows)
     fits, ratios = a.get("fits", {}), a.get("slope_ratios", {})
     if fits:
         out += [f"Fit `ms_per_token = t0 + m * context` per arm, unflagged cells only; slope "
