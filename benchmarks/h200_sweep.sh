@@ -10,16 +10,17 @@
 #                                                RUN_DIR is copied under DIR first)
 #   benchmarks/h200_sweep.sh --plan              print the planned cells and time, run nothing
 #
-# Each call ends within HARD_S (default 530 s) of sweep time: `--budget-s BUDGET_S` starts no
-# cell likely to end later (estimated from measured cells of the same arm), and
-# `timeout -s KILL` is the backstop. Rows are fsynced one by one, so a call cut short keeps
-# every finished cell and the resume runs exactly the cells without a row.
+# Each call stays under 9 minutes: `--budget-s BUDGET_S` (470 s) starts no cell likely to end
+# later (estimated from measured cells of the same arm), `timeout -s KILL HARD_S` (510 s) is
+# the backstop, and the report is written once, by the call that completes the run (exit 3:
+# cells are left, resume). Rows are fsynced one by one, so a call cut short keeps every
+# finished cell and the resume runs exactly the cells without a row.
 #
-# The grid (126 cells that run, ~7.6 s each with process start on 2026-12-01's H200 runs,
-# i.e. ~16 min: two calls). Baselines are capped where they cannot fit or take too long
-# (their cells above the cap are rows with status "skipped" and the reason):
-#   unfused (materializes [32 heads, 2048-token chunk, context] fp32 scores): up to 32k;
-#   dequant (a whole dequantized copy of the cache per step): up to 64k;
+# The grid: 120 cells that run, ~7.6 s each with process start (H200, 2026-12-01: 44 cells
+# in 5 min 35 s), i.e. ~15 min: two calls. Baselines are capped where they cannot fit or take
+# too long (their cells above the cap are rows with status "skipped" and the reason):
+#   unfused (materializes [32 heads, 2048-token chunk, context] fp32 scores) and dequant (a
+#   whole dequantized copy of the cache per decode step): up to 32k;
 #   fp8 baselines: none (int8 and int4 show the baselines' shape).
 # Override any of them through the environment (MODEL, CONTEXTS, KV, PATHS, REPS,
 # DECODE_TOKENS, MAX_CONTEXT, BUDGET_S, HARD_S, CELL_TIMEOUT, PER_CELL_S).
@@ -34,9 +35,9 @@ KV=${KV:-fp16,int8,int4,fp8}
 PATHS=${PATHS:-fused,fp16,unfused,dequant}
 REPS=${REPS:-3}
 DECODE_TOKENS=${DECODE_TOKENS:-32}
-MAX_CONTEXT=${MAX_CONTEXT:-unfused=32k,dequant=64k,fp8/unfused=1,fp8/dequant=1}
-BUDGET_S=${BUDGET_S:-480}      # start no cell likely to end later than this (seconds)
-HARD_S=${HARD_S:-530}          # kill the sweep here whatever it is doing
+MAX_CONTEXT=${MAX_CONTEXT:-unfused=32k,dequant=32k,fp8/unfused=1,fp8/dequant=1}
+BUDGET_S=${BUDGET_S:-470}      # start no cell likely to end later than this (seconds)
+HARD_S=${HARD_S:-510}          # kill the sweep here whatever it is doing
 CELL_TIMEOUT=${CELL_TIMEOUT:-120}
 PER_CELL_S=${PER_CELL_S:-7.6}  # for the printed plan only
 CLAIMS=${CLAIMS:-benchmarks/h200_claims.json}
@@ -53,7 +54,7 @@ while [[ $# -gt 0 ]]; do
     --out) OUTDIR=${2:?--out needs a folder}; shift 2 ;;
     --resume) RESUME=${2:?--resume needs a run folder}; shift 2 ;;
     --plan) PLAN_ONLY=1; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^# DECODE_TOKENS/p' "$0" | cut -c3-; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -121,9 +122,9 @@ fi
 say "sweep process ended (rc $rc)"
 [[ -n ${RUN:-} && -f $RUN/config.json ]] || { say "no run folder was written"; exit 1; }
 left=$(plan --run "$RUN" | sed -n 's/.*planned: \([0-9]*\) cells to do.*/\1/p')
-python3 -m kvtax report "$RUN" || exit 1
 if [[ ${left:-1} != 0 ]]; then
   say "$left cell(s) left: finish with benchmarks/h200_sweep.sh --resume $RUN"
   exit 3
 fi
+python3 -m kvtax report "$RUN" || exit 1
 say "complete: $RUN/report.md"

@@ -25,8 +25,8 @@ def test_plan_counts_the_grid_of_record():
     total, run, skipped = map(int, m.groups())
     # 11 arms x (5 contexts x 3 reps + 1 warm-up); fp8 baselines and capped contexts skipped.
     assert total == 11 * 16 and run + skipped == total
-    assert run == 5 * 16 + 2 * (3 * 3 + 1) + 2 * (4 * 3 + 1)
-    assert "fp16/fp16" in res.stdout and "2 call(s) of 480 s" in res.stdout
+    assert run == 5 * 16 + 4 * (3 * 3 + 1)
+    assert "fp16/fp16" in res.stdout and "2 call(s) of 470 s" in res.stdout
 
 
 def test_bad_argument_exits_2():
