@@ -68,6 +68,7 @@ def synthetic_rows(run_id: str, speed: float = 1.0, seed: int = 0) -> list[dict]
                     decode_ms_per_token=ms, decode_ms_samples=[ms] * 4,
                     decode_peak_bytes=int(1e9 + ctx * BPT[kv]), decode_growth=ctx == 2048,
                     cache_bytes=ctx * BPT[kv], bytes_per_token=BPT[kv],
+                    cuda_graph=kv == "fp16",
                 )
                 rows.append(row)
     for kv, right in (("fp16", 4), ("int4", 3)):
@@ -133,6 +134,8 @@ def test_report_sections_numbers_and_figures(run_a):
     assert re.search(
         r"\*\*int4/fused @ 16384\*\* \(decode_ms_per_token\): robust CV 0\.\d+ > 0\.10", md)
     fp16_dec = _table_row(md, "fp16/fused", "## Decode")
+    assert fp16_dec[-1] == "captured" and _table_row(md, "int8/fused", "## Decode")[-1] == \
+        "eager", "each arm says whether its decode replayed a CUDA graph"
     assert abs(float(fp16_dec[1].split()[0]) - (20 + 1.024)) < 0.2
     # Break-even at 16384 for int8: (1.5 - 1) * ttft / (ms saved per token).
     ttft = 16384 / 5000
@@ -180,6 +183,8 @@ def test_compare_two_runs(tmp_path, run_a):
     assert all(abs(float(c.split()[0]) - 0.5) < 0.01 for c in dec[1:]), "B decodes 2x as fast"
     assert _table_row(md, "int8/fused", "## cache_bytes")[1] == "1.00 (2.12 MiB → 2.12 MiB)"
     assert _table_row(md, "fp16/fused", "## recall_accuracy")[1] == "1.00 (4/4 → 4/4)"
+    assert re.search(r"- \*\*A\*\* \(best fp16 arm fp16/fused\): On Synthetic GPU with tiny, "
+                     r"quantized KV", md), "each run's verdict, first sentence"
     m_ratio = _table_row(md, "fp16/fused", "## Decode fits")[5]
     assert abs(float(m_ratio) - 0.5) < 0.02
     assert (run_a.path / "figures" / f"compare-{run_b.run_id}-decode_ms_per_token.png").exists()

@@ -84,7 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="prefill,decode (default both); 'decode' alone runs prefill unmeasured")
     p.add_argument("--presize", action="store_true",
                    help="preallocate caches to prompt + decode tokens: no growth in any window "
-                        "(seed 002's resize discriminator; needed for CUDA-graph decode)")
+                        "(separates a resize's cost from the format's; needed for CUDA-graph "
+                        "decode)")
     p.add_argument("--quantized-kv-start", type=int, default=0,
                    help="keep the first N prompt tokens in an fp16 cache, then convert "
                         "(mlx-lm's quantized_kv_start; default 0)")

@@ -1,6 +1,10 @@
 """`kvtax report RUN_DIR [RUN_DIR_B]`: markdown and PNG figures from a run folder's rows.
 
-One run: RUN_DIR/report.md with decode ms/token vs context per arm and its fitted lines
+One run: RUN_DIR/report.md opens with the verdict (does quantized KV pay off here, against
+the best fp16 arm measured: from which context, by how much, the prefill penalty, break-even
+tokens, tokens fitting the device's memory, quality when --quality / --recall runs are
+given; then which arm answers first per context x 64 / 512 / 4096 generated tokens), then
+decode ms/token vs context per arm and its fitted lines
 (t0 + m * context, R², slope ratio against fp16 next to the bytes-predicted ratio), noisy
 cells flagged and named, TTFT, prefill penalty and break-even generated tokens, peak
 memory per phase, the recall grid, failed cells, claims, and the environment and command;
@@ -12,6 +16,7 @@ Two runs: RUN_DIR/compare-<B>.md puts the cells both measured side by side, rati
 Examples:
   kvtax report runs/20260101T000000Z-sweep
   kvtax report runs/20260101T000000Z-sweep --price-per-hour 2.49
+  kvtax report runs/20260101T000000Z-sweep --quality runs/Q --recall runs/R
   kvtax report runs/A runs/B
 """
 
@@ -35,13 +40,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--price-per-hour", type=float, default=None, metavar="USD",
                    help="device price in USD per hour: adds cost per million generated tokens "
                         "per arm and context (decode time only)")
+    p.add_argument("--quality", action="append", default=[], metavar="RUN_DIR",
+                   help="a `kvtax quality` run folder whose KL per format fills the verdict's "
+                        "quality column (repeatable; default: the run's own quality rows)")
+    p.add_argument("--recall", action="append", default=[], metavar="RUN_DIR",
+                   help="a `kvtax recall` run folder whose accuracy per arm fills the "
+                        "verdict's recall column (repeatable)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from kvtax.harness.report import write_report
 
-    for d in filter(None, (args.run_dir, args.compare)):
+    for d in filter(None, (args.run_dir, args.compare, *args.quality, *args.recall)):
         if not (Path(d) / "rows.jsonl").exists():
             print(f"{d} is not a run folder (no rows.jsonl); pass the folder `kvtax bench` "
                   "or `kvtax recall` printed", file=sys.stderr)
@@ -50,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         print("--price-per-hour must be >= 0", file=sys.stderr)
         return 2
     out = write_report(Path(args.run_dir), Path(args.compare) if args.compare else None,
-                       args.price_per_hour)
+                       args.price_per_hour,
+                       links=[Path(d) for d in (*args.quality, *args.recall)])
     print(f"report: {out}")
     return 0

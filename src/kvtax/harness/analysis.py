@@ -3,7 +3,9 @@
     >>> summary = summarize(read_rows(run_dir), cv_threshold=0.10, claims=cfg["claims"])
     >>> summary["slope_ratios"]["int4/fused"]["measured"], summary["flagged"]
 
-Keys: baseline, arms, fits (per arm t0/m/r2/contexts/excluded), slope_ratios,
+Keys: baseline (the best fp16 arm measured, `stats.BASELINE_RULE`; every comparison is
+against it), baseline_rule, baseline_candidates (unquantized arm → ms/token it was judged
+by), arms, fits (per arm t0/m/r2/contexts/excluded), slope_ratios,
 decode_points / ttft_points (per arm → context → median, cv, n, flagged, reason),
 flagged (list of noisy points), prefill_penalty, break_even, peaks (prefill/decode per
 arm → context → median peak bytes), bytes_per_token, failures (non-ok rows), claims.
@@ -39,8 +41,9 @@ def summarize(
     dec = stats.points(rows, "decode_ms_per_token", cv_threshold=cv_threshold)
     ttft = stats.points(rows, "ttft_s", cv_threshold=cv_threshold)
     arms = sorted({r["arm"] for r in rows})
-    base = baseline or stats.baseline_arm(arms)
     fits = stats.fit_arms(dec)
+    best, judged = stats.best_baseline(dec, fits)
+    base = baseline or best or stats.baseline_arm(arms)
     bpt: dict[str, float] = {}
     for r in rows:
         if r.get("status") == "ok" and r.get("bytes_per_token"):
@@ -61,6 +64,8 @@ def summarize(
     ]
     out: dict[str, Any] = {
         "baseline": base,
+        "baseline_rule": "given" if baseline else stats.BASELINE_RULE,
+        "baseline_candidates": judged,
         "arms": arms,
         "cv_threshold": cv_threshold,
         "fits": {a: {"t0": f.t0, "m": f.m, "r2": f.r2, "n": f.n, "contexts": f.contexts,

@@ -1,4 +1,5 @@
-"""Device clocks, temperature and power at phase boundaries (seed 001's thermal caveat).
+"""Device clocks, temperature and power at phase boundaries (a rented GPU's clocks can
+drop mid-run).
 
 On NVIDIA GPUs the numbers come from NVML (`pynvml`, shipped as `nvidia-ml-py`); a cell
 whose SM clock fell between phase start and end was throttled and can be flagged. On a

@@ -5,8 +5,9 @@ thousands separator ("Marta paid exactly 4,182 copper coins for the map.") or a 
 ("The vault code for the east wing is QX-4471."). Each fact has its own subject, so each
 question has exactly one right answer.
 
-Grading is by the VALUE, never by the words around it (seed 004's grader marked
-"4,182 copper coins" wrong because it searched for the filler word "exactly"):
+Grading is by the VALUE, never by the words around it (a published planted-fact recall
+test's grader marked "4,182 copper coins" wrong because it searched for the filler word
+"exactly"):
   - numbers: digit separators are normalised (4,182 == 4182 == 4 182 == 4_182); a number
     inside a longer one does not count (14182 is not 4182), nor does a decimal (4182.5);
   - codes: case and separator are normalised (qx 4471 == QX-4471 == QX4471); a code inside

@@ -11,6 +11,7 @@ regenerated at any time (and for a run still in progress). With `compare=B` it w
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvtax.harness import report_plots as plots
@@ -30,6 +31,7 @@ from kvtax.harness.report_markdown import (
     section_recall,
     section_roofline,
 )
+from kvtax.harness.report_verdict import section_verdict, sentences
 from kvtax.harness.store import read_rows
 
 FIGURES = "figures"
@@ -47,7 +49,8 @@ def _figures(data: dict, out: Path, prefix: str = "") -> tuple[dict[str, str], s
         ("decode", lambda p: plots.decode_plot(bench, p)),
         ("memory", lambda p: plots.memory_plot(bench, p)),
         ("ttft", lambda p: plots.ttft_plot(bench, p)),
-        ("recall", lambda p: plots.recall_plot(data.get("recall", {}).get("grid", {}), p)),
+        ("break_even", lambda p: plots.break_even_plot(data.get("verdict") or {}, bench, p)),
+        ("recall", lambda p: plots.recall_plot(data.get("recall", {}).get("grid", {}), p, bench)),
     ]
     for key, draw in jobs:
         path = out / FIGURES / f"{prefix}{key}.png"
@@ -60,12 +63,14 @@ def write_report(
     run_dir: Path,
     compare: Path | None = None,
     price_per_hour: float | None = None,
+    links: Sequence[Path] = (),
 ) -> Path:
-    """Write the report for `run_dir` (or its comparison with `compare`); return its path."""
+    """Write the report for `run_dir` (or its comparison with `compare`); return its path.
+    `links`: run folders whose quality / recall rows feed the verdict's quality columns."""
     run_dir = Path(run_dir)
     if not (run_dir / "rows.jsonl").exists() and not (run_dir / "config.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no rows.jsonl or config.json)")
-    data = gather(run_dir, price_per_hour)
+    data = gather(run_dir, price_per_hour, links)
     if compare is not None:
         return _write_compare(run_dir, data, Path(compare), price_per_hour)
     figs, why = _figures(data, run_dir)
@@ -73,6 +78,9 @@ def write_report(
     lines = section_header(data)
     if why:
         lines += [f"> {why}", ""]
+    if data.get("verdict"):
+        data["verdict"]["sentences"] = sentences(data["verdict"])
+    lines += section_verdict(data.get("verdict"), figs)
     lines += section_decode(bench, figs)
     lines += section_flagged(bench)
     lines += section_prefill(bench, figs)
@@ -96,7 +104,7 @@ def analysis_json(data: dict) -> dict:
     without a report), plus what the report adds (recall, roofline, failures of any kind)."""
     out = dict(data.get("bench", {}))
     for key in ("run_id", "command", "models", "counts", "recall", "roofline",
-                "price_per_hour"):
+                "price_per_hour", "verdict"):
         out[key] = data.get(key)
     out["failures_all_kinds"] = data.get("failures", [])
     return out
@@ -108,11 +116,12 @@ def _write_compare(run_a: Path, da: dict, run_b: Path, price: float | None) -> P
     figs: dict[str, str] = {}
     why = plots.plotting_unavailable()
     prefix = f"compare-{db['run_id']}-"
+    names = tuple(f"{d['run_id']} ({d.get('env', {}).get('device', '-')})" for d in (da, db))
     if not why:
         (run_a / FIGURES).mkdir(exist_ok=True)
         for metric in [m for m, *_ in METRICS] + ["recall_accuracy"]:
             path = run_a / FIGURES / f"{prefix}{metric}.png"
-            if plots.compare_plot(rows, metric, path) is not None:
+            if plots.compare_plot(rows, metric, path, names) is not None:
                 figs[metric] = f"{FIGURES}/{path.name}"
     lines = section_compare(da, db, rows, figs)
     if why:

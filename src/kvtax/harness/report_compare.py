@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtax.harness.report_markdown import num, size, table
+from kvtax.harness.report_verdict import sentences
 
 # (metric, where in the bench analysis, how to read a cell, is it bytes)
 METRICS = (
@@ -76,6 +77,12 @@ def section_compare(da: Mapping[str, Any], db: Mapping[str, Any], rows: list[dic
                  [["model", ", ".join(da.get("models", [])), ", ".join(db.get("models", []))],
                   *[[k, ea.get(k, "-"), eb.get(k, "-")] for k in keys],
                   ["command", da.get("command") or "-", db.get("command") or "-"]])
+    for name, d in (("A", da), ("B", db)):
+        v = d.get("verdict")
+        if v and v.get("baseline"):
+            out += [f"- **{name}** (best fp16 arm {v['baseline']}): {sentences(v)[0]}"]
+    if any(d.get("verdict") for d in (da, db)):
+        out += [""]
     only_a, only_b = _cells(da) - _cells(db), _cells(db) - _cells(da)
     if only_a or only_b:
         out += [f"Cells only in A: {len(only_a)}; only in B: {len(only_b)} (not compared).", ""]

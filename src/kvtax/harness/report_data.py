@@ -15,13 +15,15 @@ from __future__ import annotations
 import json
 import shlex
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvtax.harness import stats
 from kvtax.harness.analysis import summarize
+from kvtax.harness.quality_report import quality_rows
 from kvtax.harness.store import CONFIG, ENV, read_rows
+from kvtax.harness.verdict import verdict
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -51,6 +53,16 @@ def medians(rows: list[Mapping[str, Any]], metric: str) -> dict[str, dict[int, f
     for p in pts:
         out[p.arm][p.context] = p.median
     return dict(out)
+
+
+def decode_modes(rows: list[Mapping[str, Any]]) -> dict[str, str]:
+    """arm -> "captured" (CUDA graph replay), "eager", or "mixed", from the rows' cuda_graph."""
+    seen: dict[str, set[bool]] = defaultdict(set)
+    for r in rows:
+        if stats.usable(r) and r.get("cuda_graph") is not None:
+            seen[str(r["arm"])].add(bool(r["cuda_graph"]))
+    return {arm: "mixed" if len(v) > 1 else ("captured" if True in v else "eager")
+            for arm, v in sorted(seen.items())}
 
 
 def recall_tables(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -112,10 +124,21 @@ def roofline_rows(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
             if r.get("kind") == "roofline" and r.get("status") == "ok" and not r.get("warmup")]
 
 
-def gather(run_dir: Path, price_per_hour: float | None = None) -> dict[str, Any]:
-    """Everything the report shows for `run_dir`, as a JSON-ready dict."""
+def linked_rows(links: Sequence[Path]) -> list[dict[str, Any]]:
+    """Quality and recall rows of linked run folders (`kvtax report RUN --quality Q
+    --recall R`), for the verdict's quality columns."""
+    out: list[dict[str, Any]] = []
+    for link in links:
+        out += [r for r in read_rows(Path(link)) if r.get("kind") in ("quality", "recall")]
+    return out
+
+
+def gather(run_dir: Path, price_per_hour: float | None = None,
+           links: Sequence[Path] = ()) -> dict[str, Any]:
+    """Everything the report shows for `run_dir` (plus the quality / recall rows of
+    `links`), as a JSON-ready dict."""
     run_dir = Path(run_dir)
-    rows = read_rows(run_dir)
+    rows = read_rows(run_dir) + linked_rows(links)
     config, env = _json(run_dir / CONFIG), _json(run_dir / ENV)
     bench = [r for r in rows if r.get("kind") == "bench"]
     cv = float(config.get("cv_threshold", stats.DEFAULT_CV))
@@ -135,9 +158,15 @@ def gather(run_dir: Path, price_per_hour: float | None = None) -> dict[str, Any]
     if bench:
         a = summarize(bench, cv_threshold=cv, claims=config.get("claims") or [])
         a["cache_bytes"] = medians(bench, "cache_bytes")
+        a["cache_used_bytes"] = medians(bench, "cache_used_bytes")
+        a["decode_mode"] = decode_modes(bench)
+        a["meta"] = {"model": ", ".join(data["models"]), "device": env.get("device"),
+                     "date": str(env.get("timestamp", ""))[:10] or None,
+                     "memory_kind": next((r["memory_kind"] for r in bench
+                                          if r.get("memory_kind")), None)}
         a["prefill_tok_s"] = medians(bench, "prefill_tok_s")
         if a["flagged"] and a["baseline"]:
-            # What the flagged cells would have done to the conclusion (seed 000's story).
+            # What the flagged cells would have done to the conclusion.
             dec = stats.points(bench, "decode_ms_per_token", cv_threshold=cv)
             fits = stats.fit_arms(dec, exclude_flagged=False)
             a["slope_ratios_with_flagged"] = {
@@ -147,6 +176,11 @@ def gather(run_dir: Path, price_per_hour: float | None = None) -> dict[str, Any]
         if price_per_hour is not None:
             a["cost_per_mtok"] = cost_per_million(a["decode_points"], price_per_hour)
         data["bench"] = a
+        data["verdict"] = verdict(
+            a, env, weight_bytes=max((int(r["weight_bytes"]) for r in bench
+                                      if r.get("weight_bytes")), default=None),
+            model=", ".join(data["models"]) or "the model",
+            quality_rows=quality_rows(rows), recall_grid=data["recall"]["grid"])
     return data
 
 

@@ -1,17 +1,23 @@
 """PNG figures for a run report (matplotlib, Agg backend; an optional dependency).
 
-Each function takes the analysis dict (`analysis.summarize` plus the report's extras),
-writes one PNG and returns its path, or None when there is nothing to draw.
+Each function takes the analysis dict (`analysis.summarize` plus the report's extras, whose
+`meta` names model, device and date for the titles), writes one PNG and returns its path, or
+None when there is nothing to draw. Axes start at 0; bytes are drawn in the unit that fits
+them; each arm keeps one color, marker and line style in every figure (the format picks the
+marker, the path the line style), so overlapping lines stay apart.
 `plotting_unavailable()` says why no figure can be drawn at all (matplotlib missing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-GIB = 2**30
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+STYLES = {"fused": "-", "fp16": "--", "unfused": ":", "dequant": "-."}
+UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
 
 def plotting_unavailable() -> str | None:
@@ -42,60 +48,116 @@ def _xs(per: Mapping[Any, Any]) -> list[int]:
     return sorted(int(c) for c in per)
 
 
+def byte_unit(values: Iterable[float]) -> tuple[str, float]:
+    """The largest binary unit (GiB, MiB, KiB, B) not above the largest |value|."""
+    top = max((abs(float(v)) for v in values), default=0.0)
+    return next(((u, s) for u, s in UNITS if top >= s), ("B", 1))
+
+
+def styler(arms: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """arm -> matplotlib kwargs (color by arm, marker by format, line style by path)."""
+    arms = sorted(set(arms))
+    kvs = sorted({a.split("/")[0] for a in arms})
+    # Sizes alternate so a marker drawn on top of an identical value leaves the other's rim.
+    return {a: {"color": f"C{i % 10}", "marker": MARKERS[kvs.index(a.split("/")[0])
+                                                        % len(MARKERS)],
+                "linestyle": STYLES.get(a.partition("/")[2], (0, (3, 1, 1, 1, 1, 1))),
+                "ms": (9, 6, 4)[i % 3]}
+            for i, a in enumerate(arms)}
+
+
+def title(a: Mapping[str, Any], what: str) -> str:
+    """`what` above a line with the run's model, device and date."""
+    m = a.get("meta") or {}
+    sub = " · ".join(str(m[k]) for k in ("model", "device", "date") if m.get(k))
+    return f"{what}\n{sub}" if sub else what
+
+
+def tokens_label(x: float, _pos: Any = None) -> str:
+    """A token-count tick: 131072 -> "128k", 1536 -> "1.5k", 512 -> "512"."""
+    return f"{x / 1024:g}k" if abs(x) >= 1024 else f"{x:g}"
+
+
+def _finish(ax: Any, xlabel: str, ylabel: str, legend: bool = True) -> None:
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+
+    ax.set_xlim(left=0)
+    # Token counts are powers of two: ticks every 2^k tokens read 32k, 64k, 96k, 128k.
+    step = 2 ** max(0, math.ceil(math.log2(max(ax.get_xlim()[1], 1) / 6)))
+    ax.xaxis.set_major_locator(MultipleLocator(step))
+    ax.xaxis.set_major_formatter(FuncFormatter(tokens_label))
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7)
+
+
 def decode_plot(a: Mapping[str, Any], path: Path) -> Path | None:
-    """ms/token vs context per arm: medians, rep spread, fitted lines, flagged points."""
+    """ms/token vs context per arm: medians, fitted lines (solid), the bytes-predicted
+    line of each quantized arm (thin dotted: baseline slope x bytes ratio), flagged points."""
     pts = a.get("decode_points", {})
     if not pts:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for i, (arm, per) in enumerate(sorted(pts.items())):
-        color = f"C{i % 10}"
-        xs = _xs(per)
+    st = styler(pts)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    fits, bpt, base = a.get("fits", {}), a.get("bytes_per_token", {}), a.get("baseline")
+    top = max(c for per in pts.values() for c in per)
+    for arm, per in sorted(pts.items()):
+        s, xs = st[arm], _xs(per)
         ok = [c for c in xs if not per[c]["flagged"]]
+        ax.plot(ok, [per[c]["median"] for c in ok], s["marker"], color=s["color"], ms=s["ms"],
+                mfc="none" if arm != base else s["color"])
+        ax.plot([], [], color=s["color"], marker=s["marker"], linestyle=s["linestyle"],
+                mfc="none", label=arm + (" (best fp16)" if arm == base else ""))
         bad = [c for c in xs if per[c]["flagged"]]
-        ax.plot(ok, [per[c]["median"] for c in ok], "o", color=color, label=arm)
-        if bad:
-            ax.plot(bad, [per[c]["median"] for c in bad], "x", color="red", ms=10, mew=2)
-        fit = a.get("fits", {}).get(arm)
-        if fit and xs:
-            lo, hi = min(xs), max(xs)
-            ax.plot([lo, hi], [fit["t0"] + fit["m"] * lo, fit["t0"] + fit["m"] * hi], "--",
-                    color=color, lw=1)
+        if bad:  # the arm's own marker, faded, under a red cross: still whose it is
+            ys = [per[c]["median"] for c in bad]
+            ax.plot(bad, ys, s["marker"], color=s["color"], ms=s["ms"], alpha=0.4)
+            ax.plot(bad, ys, "x", color="red", ms=5, mew=1.5)
+        fit = fits.get(arm)
+        if fit:
+            ax.plot([0, top], [fit["t0"], fit["t0"] + fit["m"] * top], color=s["color"],
+                    linestyle=s["linestyle"], lw=1.2)
+        if fit and base in fits and arm != base and bpt.get(arm) and bpt.get(base):
+            m = fits[base]["m"] * bpt[arm] / bpt[base]
+            ax.plot([0, top], [fit["t0"], fit["t0"] + m * top], color=s["color"], lw=0.8,
+                    linestyle=(0, (1, 2)), gid=f"predicted {arm}")
     if any(p["flagged"] for per in pts.values() for p in per.values()):
         ax.plot([], [], "x", color="red", label="flagged (excluded from fit)")
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("decode ms / token (median)")
-    ax.set_title("Decode latency vs context; dashed: t0 + m * context")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.plot([], [], color="grey", lw=0.8, linestyle=(0, (1, 2)),
+            label=f"bytes-predicted slope ({base} slope x bytes ratio)")
+    ax.set_title(title(a, "Decode ms/token vs context: points = medians, lines = fits"),
+                 fontsize=10)
+    _finish(ax, "context (tokens)", "decode ms / token")
     return _save(fig, path)
 
 
 def memory_plot(a: Mapping[str, Any], path: Path) -> Path | None:
-    """Peak memory of each phase (and resident cache bytes) per arm vs context."""
-    panels = [("prefill", a.get("peaks", {}).get("prefill", {})),
-              ("decode", a.get("peaks", {}).get("decode", {})),
-              ("resident cache", a.get("cache_bytes", {}))]
+    """Peak memory of each phase, and the cache's resident bytes (allocated, held), per arm
+    vs context; each panel in its own unit."""
+    kind = (a.get("meta") or {}).get("memory_kind")
+    what = " (process RSS)" if kind == "cpu_rss" else ""
+    panels = [(f"prefill peak{what}", a.get("peaks", {}).get("prefill", {})),
+              (f"decode peak{what}", a.get("peaks", {}).get("decode", {})),
+              ("resident cache (allocated)", a.get("cache_bytes", {}))]
     panels = [(t, d) for t, d in panels if d]
     if not panels:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
-    arms = sorted({arm for _, d in panels for arm in d})
-    for ax, (title, data) in zip(axes[0], panels):
-        for arm in arms:
-            per = data.get(arm)
-            if not per:
-                continue
-            xs = _xs(per)
-            ax.plot(xs, [per[c] / GIB for c in xs], "o-", color=f"C{arms.index(arm) % 10}",
-                    label=arm, ms=4)
-        ax.set_title(f"{title} peak" if title != "resident cache" else "resident cache bytes")
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylabel("GiB")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 4.6), squeeze=False)
+    st = styler(arm for _, d in panels for arm in d)
+    for ax, (name, data) in zip(axes[0], panels):
+        unit, scale = byte_unit(v for per in data.values() for v in per.values())
+        for arm, per in sorted(data.items()):
+            xs, s = _xs(per), st[arm]
+            ax.plot(xs, [per[c] / scale for c in xs], color=s["color"], marker=s["marker"],
+                    linestyle=s["linestyle"], mfc="none", ms=s["ms"], label=arm)
+        ax.set_title(name, fontsize=10)
+        _finish(ax, "context (tokens)", unit, legend=ax is axes[0][0])
+    fig.suptitle(title(a, "Memory per phase vs context"), fontsize=10)
     return _save(fig, path)
 
 
@@ -105,19 +167,49 @@ def ttft_plot(a: Mapping[str, Any], path: Path) -> Path | None:
     if not pts:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, (arm, per) in enumerate(sorted(pts.items())):
-        xs = _xs(per)
-        ax.plot(xs, [per[c]["median"] for c in xs], "o-", color=f"C{i % 10}", label=arm, ms=4)
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("TTFT (s, median)")
-    ax.set_title("Time to first token (prefill)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    st = styler(pts)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for arm, per in sorted(pts.items()):
+        xs, s = _xs(per), st[arm]
+        ax.plot(xs, [per[c]["median"] for c in xs], color=s["color"], marker=s["marker"],
+                linestyle=s["linestyle"], mfc="none", ms=s["ms"], label=arm)
+    ax.set_title(title(a, "Time to first token (prefill) vs context"), fontsize=10)
+    _finish(ax, "context (tokens)", "TTFT (s, median)")
     return _save(fig, path)
 
 
-def recall_plot(grid: Mapping[str, Mapping[int, tuple[int, int]]], path: Path) -> Path | None:
+def break_even_plot(v: Mapping[str, Any], a: Mapping[str, Any], path: Path) -> Path | None:
+    """Time to answer (TTFT + n x ms/token) vs generated tokens n at the largest context
+    with TTFT for the best fp16 arm; a quantized line crossing below it is its break-even."""
+    from kvtax.harness.verdict import finish_s
+
+    base = v.get("baseline")
+    tt = a.get("ttft_points", {})
+    if not base or base not in tt:
+        return None
+    ctx = max(tt[base])
+    arms = [arm for arm in sorted(tt) if ctx in tt[arm]]
+    bes = [r["break_even"] for r in v.get("formats", [])
+           if r["at"] == ctx and isinstance(r["break_even"], int)]
+    top = max([4096, *[2 * b for b in bes]])
+    ns = [round(top * i / 40) for i in range(41)]
+    plt = _plt()
+    st = styler(arms)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for arm in arms:
+        ys = [finish_s(a, arm, ctx, n) for n in ns]
+        s = st[arm]
+        ax.plot(ns, ys, color=s["color"], linestyle=s["linestyle"], marker=s["marker"],
+                markevery=8, mfc="none", ms=s["ms"], lw=2.2 if arm == base else 1.2,
+                label=arm + (" (best fp16)" if arm == base else ""))
+    ax.set_title(title(a, f"Time to answer a {ctx:,}-token prompt vs tokens generated"),
+                 fontsize=10)
+    _finish(ax, "generated tokens", "TTFT + tokens x decode (s)")
+    return _save(fig, path)
+
+
+def recall_plot(grid: Mapping[str, Mapping[int, tuple[int, int]]], path: Path,
+                a: Mapping[str, Any] | None = None) -> Path | None:
     """Heat map of recall accuracy, arm x context, each cell annotated correct/total."""
     if not grid:
         return None
@@ -126,36 +218,37 @@ def recall_plot(grid: Mapping[str, Mapping[int, tuple[int, int]]], path: Path) -
     ctxs = sorted({int(c) for per in grid.values() for c in per})
     acc = [[(grid[a][c][0] / grid[a][c][1]) if c in grid[a] and grid[a][c][1] else float("nan")
             for c in ctxs] for a in arms]
-    fig, ax = plt.subplots(figsize=(1.2 * len(ctxs) + 3, 0.5 * len(arms) + 1.8))
+    fig, ax = plt.subplots(figsize=(1.2 * len(ctxs) + 3, 0.5 * len(arms) + 2.0))
     im = ax.imshow(acc, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-    for i, a in enumerate(arms):
+    for i, arm in enumerate(arms):
         for j, c in enumerate(ctxs):
-            if c in grid[a]:
-                ax.text(j, i, f"{grid[a][c][0]}/{grid[a][c][1]}", ha="center", va="center",
-                        fontsize=9)
+            if c in grid[arm]:
+                ax.text(j, i, f"{grid[arm][c][0]}/{grid[arm][c][1]}", ha="center",
+                        va="center", fontsize=9)
     ax.set_xticks(range(len(ctxs)), [str(c) for c in ctxs])
     ax.set_yticks(range(len(arms)), arms)
     ax.set_xlabel("context (tokens)")
-    ax.set_title("Planted-fact recall (correct/asked)")
+    ax.set_title(title(a or {}, "Planted-fact recall (correct/asked)"), fontsize=10)
     fig.colorbar(im, ax=ax, fraction=0.04)
     return _save(fig, path)
 
 
-def compare_plot(table: list[dict[str, Any]], metric: str, path: Path) -> Path | None:
-    """Ratio B/A of `metric` per arm vs context (1.0 = unchanged)."""
+def compare_plot(table: list[dict[str, Any]], metric: str, path: Path,
+                 names: tuple[str, str] = ("A", "B")) -> Path | None:
+    """Ratio B/A of `metric` per arm vs context (1.0 = unchanged), same look as the run's."""
     rows = [r for r in table if r["metric"] == metric and r.get("ratio") is not None]
     if not rows:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    arms = sorted({r["arm"] for r in rows})
-    for i, arm in enumerate(arms):
+    st = styler(r["arm"] for r in rows)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for arm in sorted(st):
         mine = sorted((r["context"], r["ratio"]) for r in rows if r["arm"] == arm)
-        ax.plot([c for c, _ in mine], [v for _, v in mine], "o-", color=f"C{i % 10}", label=arm)
+        s = st[arm]
+        ax.plot([c for c, _ in mine], [v for _, v in mine], color=s["color"],
+                marker=s["marker"], linestyle=s["linestyle"], mfc="none", ms=s["ms"], label=arm)
     ax.axhline(1.0, color="grey", lw=1)
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel(f"{metric}: B / A")
-    ax.set_title(f"Run B relative to run A: {metric}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.set_title(f"{metric}: B / A (1 = unchanged)\nA = {names[0]} · B = {names[1]}",
+                 fontsize=10)
+    _finish(ax, "context (tokens)", f"{metric}: B / A")
     return _save(fig, path)

@@ -1,9 +1,9 @@
 """Roofline measurements: the device's streaming bandwidth and matmul rate, and how close
 each attention path gets to them over a cache of a given format and context.
 
-Seed 000 ruled out "the kernel is just slow" before blaming bandwidth: its attention read
-memory at 98% of the measured streaming rate, with 109x more compute available than used.
-The same two numbers, for every path here:
+A published mlx-lm measurement (M5 Pro) ruled out "the kernel is just slow" before blaming
+bandwidth: its attention read memory at 98% of the measured streaming rate, with 109x more
+compute available than used. The same two numbers, for every path here:
 
 - bytes that must move for one decode-attention call: the cache's K and V (codes, scales,
   biases) plus q and the output; achieved GB/s = bytes / time, fraction = / streaming peak;

@@ -1,8 +1,9 @@
 """Statistics over bench rows: robust per-cell summaries, linear fits, slope ratios,
 prefill penalty and break-even.
 
-Seed 000's lesson is built in: one noisy cell in an eight-point fit produced a confident,
-wrong conclusion (a 4-bit slope ratio of 2.25x instead of 3.21x). So every point carries a
+A published lesson is built in: in a sweep of Qwen3-8B-4bit on an M5 Pro with mlx-lm, one
+noisy cell in an eight-point fit produced a confident, wrong conclusion (a 4-bit slope ratio
+of 2.25x instead of 3.21x). So every point carries a
 robust coefficient of variation, `1.4826 * MAD / median`; points above the threshold
 (default 0.10) are flagged, excluded from fits, and named by `Point.reason`.
 
@@ -83,7 +84,7 @@ def points(
     """Median and robust CV of `metric` per (model, arm, context); noisy points flagged.
 
     A point is flagged when its CV exceeds `cv_threshold`, or when any of its rows saw
-    the device clock drop during the cell (throttling, seed 001's caveat).
+    the device clock drop during the cell (throttling).
     """
     from kvtax.harness.devinfo import throttled
 
@@ -158,13 +159,56 @@ def fit_arms(pts: Iterable[Point], *, exclude_flagged: bool = True) -> dict[str,
     return fits
 
 
+UNQUANTIZED = ("fp16", "bf16", "fp32", "f16", "f32", "float16", "bfloat16", "float32")
+
+
+def is_unquantized(arm: str) -> bool:
+    """Whether an arm stores K/V unquantized: its format ("fp16" in "fp16/fp16", "f16/fa")
+    is a float type. Any path or engine counts: stock SDPA, kvtax's kernel, llama.cpp..."""
+    return arm.split("/")[0].lower() in UNQUANTIZED
+
+
+BASELINE_RULE = ("the unquantized arm with the lowest fitted decode ms/token at the "
+                 "largest context of the sweep (its median there when it has no fit or a "
+                 "fit that falls with context)")
+
+
 def baseline_arm(arms: Iterable[str]) -> str | None:
-    """The fp16 reference: kvtax attention over fp16 (only the bytes differ), else SDPA."""
+    """A fallback reference when nothing was measured: kvtax's fp16 arm, else stock SDPA,
+    else any unquantized arm (alphabetically first)."""
     arms = set(arms)
     for cand in ("fp16/fused", "fp16/fp16", "bf16/fused"):
         if cand in arms:
             return cand
-    return None
+    return min((a for a in arms if is_unquantized(a)), default=None)
+
+
+def best_baseline(
+    decode_pts: Iterable[Point], fits: Mapping[str, Fit] | None = None
+) -> tuple[str | None, dict[str, float]]:
+    """The best fp16 arm measured, one arm for the whole run (BASELINE_RULE).
+
+    Every comparison (slope ratio, penalty, break-even, capacity) is made against it, so a
+    quantized arm is never credited for beating a slow fp16 path. Judged at the largest
+    context any unquantized arm reached: fit t0 + m * context where the arm has a fit (an
+    arm capped below that context is extrapolated along its own line), else its median at
+    that context. Returns (arm, {candidate: ms/token judged}); (None, {}) without one.
+    """
+    table = by_arm_context(p for p in decode_pts if is_unquantized(p.arm))
+    if not table:
+        return None, {}
+    fits = fits if fits is not None else fit_arms(p for per in table.values()
+                                                  for p in per.values())
+    ctx = max(c for per in table.values() for c in per)
+    judged: dict[str, float] = {}
+    for arm, per in table.items():
+        if arm in fits and (fits[arm].m > 0 or ctx not in per):  # a noisy fall: its median
+            judged[arm] = fits[arm].predict(ctx)
+        elif ctx in per:
+            judged[arm] = per[ctx].median
+    if not judged:  # no arm has a fit or reached the top context: its own largest median
+        judged = {arm: per[max(per)].median for arm, per in table.items()}
+    return min(sorted(judged), key=lambda a: judged[a]), judged
 
 
 def slope_ratios(

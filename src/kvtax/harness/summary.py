@@ -13,7 +13,12 @@ def _num(x: Any, fmt: str = ".3f") -> str:
 def print_summary(a: Mapping[str, Any], say: Callable[[str], None] = print) -> None:
     base = a.get("baseline")
     say("")
-    say(f"decode ms/token = t0 + m * context   (baseline {base})")
+    say(f"decode ms/token = t0 + m * context   (baseline {base}: the best fp16 arm measured)")
+    judged = a.get("baseline_candidates") or {}
+    if len(judged) > 1:
+        say("  fp16 arms judged by decode ms/token at the largest context: "
+            + ", ".join(f"{arm} {ms:.3f}" for arm, ms in sorted(judged.items(),
+                                                                  key=lambda kv: kv[1])))
     say(f"{'arm':<18}{'t0 ms':>10}{'m ms/1k ctx':>13}{'R2':>8}{'n':>4}{'slope ratio':>13}"
         f"{'bytes predict':>15}  excluded (flagged)")
     fits = a.get("fits", {})

@@ -46,6 +46,12 @@ def skip_reason(cell: Cell, cfg: SweepConfig, tripped: dict[str, tuple[int, str]
     return None
 
 
+def budget_skip(estimate_s: float, budget_s: float) -> str:
+    """The reason on the row of a cell that alone would outlast a whole time budget."""
+    return (f"skipped: estimated {estimate_s:.0f} s (same arm's measured cells) is more than "
+            f"the whole time budget of {budget_s:.0f} s (--budget-s)")
+
+
 def _trip(tripped: dict[str, tuple[int, str]], row: dict[str, Any]) -> None:
     """Remember the smallest context at which an arm ran out of memory or time."""
     if row.get("status") in ("oom", "timeout"):
@@ -55,28 +61,40 @@ def _trip(tripped: dict[str, tuple[int, str]], row: dict[str, Any]) -> None:
 
 
 class CellClock:
-    """Wall seconds of finished cells, to guess whether the next one fits a time budget."""
+    """Wall seconds of finished cells, to guess whether the next one fits a time budget.
+
+    A cell costs setup + per-token x context. Measured cells of the same arm give the line
+    (through the two nearest contexts; one context: the cheapest cell seen is the setup).
+    Warm-ups are kept apart: they also pay for compiling and starting the worker, so
+    scaling one up by context refused every later cell of a sweep. Unknown: 0 (run it).
+    """
 
     def __init__(self) -> None:
         self.seen: dict[tuple[str, int], float] = {}
+        self.warm: dict[tuple[str, int], float] = {}
 
     def add(self, cell: Cell, seconds: float) -> None:
+        book = self.warm if cell.warmup else self.seen
         key = (cell.arm, cell.context)
-        self.seen[key] = max(seconds, self.seen.get(key, 0.0))
+        book[key] = max(seconds, book.get(key, 0.0))
 
     def estimate(self, cell: Cell) -> float:
-        """The slowest seen run of this arm and context; else of any arm at this context;
-        else the nearest smaller context's, scaled linearly; else 0 (unknown: run it)."""
+        """Seconds `cell` will likely take (0.0 when nothing measured says)."""
+        if cell.warmup:
+            return self.warm.get((cell.arm, cell.context), max(self.warm.values(), default=0.0))
         if (cell.arm, cell.context) in self.seen:
             return self.seen[(cell.arm, cell.context)]
-        same = [s for (_a, c), s in self.seen.items() if c == cell.context]
-        if same:
-            return max(same)
-        smaller = [(c, s) for (_a, c), s in self.seen.items() if c < cell.context]
-        if smaller:
-            c = max(c for c, _ in smaller)
-            return max(s for cc, s in smaller if cc == c) * cell.context / c
-        return 0.0
+        mine = {c: s for (a, c), s in self.seen.items() if a == cell.arm}
+        if not mine:
+            return max((s for (_a, c), s in self.seen.items() if c == cell.context), default=0.0)
+        setup = min(self.seen.values())
+        near = sorted(mine, key=lambda c: abs(c - cell.context))[:2]
+        if len(near) == 1:
+            (c1,) = near
+            return setup + max(0.0, mine[c1] - setup) * cell.context / c1
+        (c1, s1), (c2, s2) = sorted((c, mine[c]) for c in near)
+        per_token = max(0.0, (s2 - s1) / (c2 - c1))
+        return max(setup, s1 + per_token * (cell.context - c1))
 
 
 def _fmt_secs(s: float) -> str:
@@ -113,8 +131,9 @@ def run_sweep(
     """Run (or resume) a sweep; returns the run folder's store.
 
     `cell_overrides` adds keys to every cell payload (e.g. `mem_limit_bytes`, `threads`).
-    `budget_s`: start no cell that would likely end past this many seconds from now (its
-    arm and context's slowest earlier run, see CellClock); the rest waits for --resume.
+    `budget_s`: start no cell that would likely end past this many seconds from now (see
+    CellClock); those wait for --resume, and a cell estimated longer than the whole budget
+    becomes a "skipped" row saying so.
     """
     stream = stream or sys.stdout
     say = print_fn or (lambda s: print(s, file=stream, flush=True))
@@ -158,6 +177,7 @@ def run_sweep(
     ran = executed = 0
     clock = CellClock()
     left: list[Cell] = []  # cells the time budget did not reach
+    cold: set[str] = set()  # arms whose warm-up was left for a later call
     try:
         for cell in todo:
             payload = _payload(cell, store, env, cell_overrides)
@@ -172,9 +192,16 @@ def run_sweep(
                 store.append(failure_row(payload, "skipped", None, why))
                 ran += 1
                 continue
-            elapsed = time.monotonic() - t_start
-            if budget_s is not None and (left or elapsed + clock.estimate(cell) > budget_s):
-                left.append(cell)  # rows that cost nothing above still get written
+            guess = clock.estimate(cell)
+            if budget_s is not None and guess > budget_s:  # no call of this budget can run it
+                store.append(failure_row(payload, "skipped", None, budget_skip(guess, budget_s)))
+                ran += 1
+                continue
+            if budget_s is not None and (cell.arm in cold
+                                         or time.monotonic() - t_start + guess > budget_s):
+                left.append(cell)  # fits a later call: --resume runs it; smaller ones go on
+                if cell.warmup:  # ...but no arm is measured before its warm-up
+                    cold.add(cell.arm)
                 continue
             label = f"{cell.arm} ctx={cell.context} rep={cell.rep}" + (
                 " (warm-up)" if cell.warmup else ""
