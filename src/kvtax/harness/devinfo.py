@@ -129,14 +129,27 @@ def cpu_model() -> str:
 
 
 def host_info() -> dict[str, Any]:
-    """Hostname, OS, CPU model and count (for env.json)."""
+    """Hostname, OS, CPU model and count, total memory (for env.json)."""
     return {
         "hostname": socket.gethostname(),
         "os": platform.platform(),
         "python": platform.python_version(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "mem_total_bytes": mem_total_bytes(),
     }
+
+
+def mem_total_bytes() -> int | None:
+    """MemTotal of /proc/meminfo in bytes (Linux), else None: the verdict's CPU capacity."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def gpu_info(device: torch.device | str) -> dict[str, Any]:
