@@ -197,3 +197,56 @@ def test_pinned_backend_really_runs_and_refuses_what_it_cannot_serve():
     assert_close(out, ATTENTION_PATHS["fp16"](q, cache.view()), atol=2e-3, rel_rms=2e-3)
     with use_sdpa_backend("cudnn"), pytest.raises(RuntimeError):
         ATTENTION_PATHS["fp16"](q, view)  # no cuDNN attention on a CPU tensor
+
+
+_GPU_CASES = [
+    pytest.param(name, path, backend, False, id=f"{name}-{path}-{backend}")
+    for name in ("tiny", "tiny-gemma3") for path in BASELINES
+    for backend in (("auto", "efficient", "math") if path == "fp16" else ("auto",))
+] + [pytest.param("tiny", "fp16", "auto", True, id="tiny-fp16-auto-compiled"),
+     pytest.param("tiny", "fp16-varlen", "auto", False, id="tiny-fp16-varlen")]
+
+
+def _gpu_fn(path: str):
+    from kvtax.harness.varlen import attention_sdpa_varlen
+
+    return attention_sdpa_varlen if path == "fp16-varlen" else ATTENTION_PATHS[path]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name, path, backend, compiled", _GPU_CASES)
+def test_cuda_graph_decode_with_a_baseline_equals_eager(name, path, backend, compiled):
+    """A model decode captured with each baseline (and each pinned SDPA backend) gives
+    eager decode's logits, teacher-forced step after step, and really replays a graph."""
+    kv = "fp16" if path.startswith("fp16") else "int8"
+    model = load_model(name, dtype=torch.bfloat16, device="cuda", seed=3)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 150),
+                           generator=torch.Generator().manual_seed(0)).cuda()
+    eager = Runner(model, kv=kv, chunk_size=64, cuda_graph=False)
+    graph = Runner(model, kv=kv, chunk_size=64, compile=compiled)
+    with use_attention(model, _gpu_fn(path)), use_sdpa_backend(backend), \
+            torch.inference_mode():
+        ref, cap = eager.make_caches(capacity=200), graph.make_caches(capacity=200)
+        tok = eager.prefill(prompt, ref).argmax(-1, keepdim=True)
+        graph.prefill(prompt, cap)
+        for i in range(24):
+            want = eager.decode_step(tok, ref)
+            got = graph.decode_step(tok, cap)
+            # bf16 model; eager SDPA takes flash, the captured masked call another kernel
+            assert_close(got, want, atol=5e-2, rel_rms=2e-2, what=f"step {i}")
+            tok = want.argmax(-1, keepdim=True)
+    assert graph._graph is not None and graph.graph_disabled_reason is None
+
+
+def test_varlen_arm_is_sdpa_eagerly_and_says_why_it_cannot_be_captured_on_cpu():
+    from kvtax.harness.varlen import attention_sdpa_varlen, varlen_blocker
+
+    cache = FullCache("fp16", capacity=80)
+    cache.append(torch.randn(1, 2, 50, 64), torch.randn(1, 2, 50, 64))
+    q = torch.randn(1, 8, 1, 64)
+    assert torch.equal(attention_sdpa_varlen(q, cache.view()),
+                       ATTENTION_PATHS["fp16"](q, cache.view()))
+    assert "CUDA" in varlen_blocker(q, _captured(cache.view()))
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        attention_sdpa_varlen(q, _captured(cache.view()))

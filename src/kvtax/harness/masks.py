@@ -43,7 +43,9 @@ def capacity_mask(n_q: int, view: CacheView, causal: bool) -> torch.Tensor:
     host read: graph-safe). Slots never written (past the held tokens) are masked out."""
     if view.length_t is None:
         raise ValueError("capacity_mask needs view.length_t (the device lengths)")
-    if not (view.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if torch.compiler.is_compiling() or not (
+        view.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    ):  # (a compiled step is traced once, outside capture: no shared state in the trace)
         return _build(n_q, view, causal)
     if _captured.get("length_t") is not view.length_t:
         _captured.clear()
