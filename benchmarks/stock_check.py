@@ -118,6 +118,8 @@ def run_arm(model, arm: Arm, ctx: int, args: argparse.Namespace) -> dict:  # noq
             tok = torch.full((1, 1), 7, dtype=torch.long, device=dev)
             logits = runner.decode_step(tok, caches).float()
             graph = bool(runner.cuda_graph and runner.graph_disabled_reason is None)
+            if arm.varlen and dev.type == "cuda" and not graph:  # eager would be plain sdpa
+                raise RuntimeError(f"not captured: {runner.graph_disabled_reason}")
             backend = _backend(arm, caches, cfg, model.embed.weight.dtype, graph)
             step = lambda t: runner.decode_greedy(t, caches)  # noqa: E731
             tok = logits.argmax(-1, keepdim=True)

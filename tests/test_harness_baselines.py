@@ -220,6 +220,9 @@ def test_cuda_graph_decode_with_a_baseline_equals_eager(name, path, backend, com
     """A model decode captured with each baseline (and each pinned SDPA backend) gives
     eager decode's logits, teacher-forced step after step, and really replays a graph."""
     kv = "fp16" if path.startswith("fp16") else "int8"
+    if path == "fp16-varlen" and "seqused_k" not in str(
+            torch.ops.aten._flash_attention_forward.default._schema):
+        pytest.skip(f"torch {torch.__version__}'s flash op takes no seqused_k")
     model = load_model(name, dtype=torch.bfloat16, device="cuda", seed=3)
     prompt = torch.randint(0, model.config.vocab_size, (1, 150),
                            generator=torch.Generator().manual_seed(0)).cuda()

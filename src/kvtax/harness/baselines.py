@@ -234,6 +234,8 @@ def sdpa_backend(path: str, q: torch.Tensor, view: CacheView) -> str | None:
         name = SDPBackend(choice(*args, **kw)).name
     except (RuntimeError, ValueError):  # no backend serves the call: SDPA itself raises
         return "none"
+    except TypeError:  # a torch whose dispatcher query takes other arguments
+        return "unknown"
     return _BACKEND_NAMES.get(name, name.lower())
 
 
