@@ -77,6 +77,20 @@ DEFAULT_ARMS = list(ARMS)[:9]  # flash (no mask) and math: ask for them by name
 FP16_TOL = 0.03  # rel RMS of logits between fp16-KV arms: bf16 model, different kernels
 
 
+# Arms that call torch ops less travelled than SDPA's defaults; they run after all others,
+# so a device fault that poisons the CUDA context costs only them.
+LATE = ("sdpa-varlen", "sdpa-cudnn", "sdpa-flash", "sdpa-math")
+
+
+def plan(arms: list[str], contexts: list[int]) -> list[tuple[int, str]]:
+    """(context, arm) cells in run order: kvtax-fp16 first at each context (the others'
+    logits reference), then the arms as given, the LATE ones after every context's rest."""
+    names = sorted(dict.fromkeys(arms), key=lambda a: a != "kvtax-fp16")
+    early = [a for a in names if a not in LATE]
+    late = [a for a in names if a in LATE]
+    return [(c, a) for c in contexts for a in early] + [(c, a) for c in contexts for a in late]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,30 +183,30 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(cfg, dtype=dtype, device=dev, seed=0)
     print(f"# {cfg.name} ({dtype}) on {_device_name(dev)}, torch {torch.__version__}",
           file=sys.stderr)
-    rows = []
-    for ctx in parse_contexts(args.contexts):
-        ref = None
-        for name in args.arms:
-            arm = ARMS[name]
-            row = {"arm": name, "path": arm.path, "kv": arm.kv, "context": ctx,
-                   "sdpa_pinned": arm.backend, "config": cfg.name, "dtype": str(dtype),
-                   "device": _device_name(dev), "compiled": bool(args.compile and arm.graph)}
-            if args.budget_s is not None and time.perf_counter() - t_start > args.budget_s:
-                row.update(status="skipped", error=f"past --budget-s {args.budget_s:g}")
-            else:
-                try:
-                    res = run_arm(model, arm, ctx, args)
-                    logits = res.pop("logits")
-                    row.update(status="ok", **res)
-                    if name == "kvtax-fp16":
-                        ref = logits
-                    check(row, logits, ref)
-                except Exception as exc:  # one arm failing must not end the run
-                    row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:300])
-            rows.append(row)
-            print(_line(row), file=sys.stderr, flush=True)
-            if args.out:
-                _write(args, dev, dtype, rows)
+    rows, refs = [], {}
+    for ctx, name in plan(args.arms, parse_contexts(args.contexts)):
+        arm = ARMS[name]
+        row = {"arm": name, "path": arm.path, "kv": arm.kv, "context": ctx,
+               "sdpa_pinned": arm.backend, "config": cfg.name, "dtype": str(dtype),
+               "device": _device_name(dev), "compiled": bool(args.compile and arm.graph)}
+        if args.budget_s is not None and time.perf_counter() - t_start > args.budget_s:
+            row.update(status="skipped", error=f"past --budget-s {args.budget_s:g}")
+        else:
+            try:
+                res = run_arm(model, arm, ctx, args)
+                logits = res.pop("logits")
+                row.update(status="ok", **res)
+                if name == "kvtax-fp16":
+                    refs[ctx] = logits
+                check(row, logits, refs.get(ctx))
+            except Exception as exc:  # one arm failing must not end the run
+                row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:300])
+        rows.append(row)
+        print(_line(row), file=sys.stderr, flush=True)
+        if args.out:
+            _write(args, dev, dtype, rows)
+    order = {name: i for i, name in enumerate(dict.fromkeys(args.arms))}
+    rows.sort(key=lambda r: (r["context"], order[r["arm"]]))
     print(markdown(rows))
     # the run failed when an fp16 arm disagrees, or kvtax's or the stock arm did not run
     failed = [r for r in rows if r.get("check") == "FAIL"
