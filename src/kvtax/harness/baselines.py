@@ -115,7 +115,7 @@ def sdpa_arguments(
 
     Eager: q as given, GQA by `enable_gqa`, the host mask (None for plain decode, which
     lets SDPA pick flash). Captured (`view.length_t` set): each KV head's G query heads
-    become G·L query rows `[B, H_kv, G·L, D]` under one bool mask `[B, 1, G·L, slots]`,
+    become G·L query rows `[B, H_kv, G·L, D]` under one additive mask `[B, 1, G·L, slots]`,
     so every backend (efficient, cuDNN, math) serves GQA and reads each KV head once; the
     output `[B, H_kv, G·L, D]` is `[B, H_q, L, D]` reshaped.
     """
@@ -127,7 +127,7 @@ def sdpa_arguments(
         return (q, k, v), dict(attn_mask=mask, scale=scale, enable_gqa=gqa)
     b, hq, n_q, d = q.shape
     group = hq // k.shape[1]
-    mask = capacity_mask(n_q, view, causal).repeat(1, 1, group, 1)  # row g·L + i: query i
+    mask = capacity_mask(n_q, view, causal, repeat=group, dtype=q.dtype)  # built once a step
     return (q.reshape(b, k.shape[1], group * n_q, d), k, v), dict(attn_mask=mask, scale=scale)
 
 

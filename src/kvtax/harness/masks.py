@@ -38,22 +38,33 @@ def host_mask(n_q: int, view: CacheView, causal: bool) -> torch.Tensor | None:
                    sinks=view.sinks)
 
 
-def capacity_mask(n_q: int, view: CacheView, causal: bool) -> torch.Tensor:
-    """Bool `[B, 1, L, slots]` over every physical slot, from `view.length_t` `[B]` only (no
-    host read: graph-safe). Slots never written (past the held tokens) are masked out."""
+def capacity_mask(
+    n_q: int, view: CacheView, causal: bool, *, repeat: int = 1, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Visibility `[B, 1, repeat · L, slots]` over every physical slot, from `view.length_t`
+    `[B]` only (no host read: graph-safe); slots never written (past the held tokens) are
+    masked out. Rows `r · L + i` are query i's. dtype None: bool (True = visible); else
+    SDPA's additive form in that dtype (0 visible, -inf not), so SDPA converts nothing."""
     if view.length_t is None:
         raise ValueError("capacity_mask needs view.length_t (the device lengths)")
+    key = (view.ring, view.sinks, view.window, n_q, causal, storage_slots(view), repeat, dtype)
     if torch.compiler.is_compiling() or not (
         view.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     ):  # (a compiled step is traced once, outside capture: no shared state in the trace)
-        return _build(n_q, view, causal)
+        return _finish(_build(n_q, view, causal), repeat, dtype)
     if _captured.get("length_t") is not view.length_t:
         _captured.clear()
         _captured["length_t"] = view.length_t
-    key = (view.ring, view.sinks, view.window, n_q, causal, storage_slots(view))
     if key not in _captured:
-        _captured[key] = _build(n_q, view, causal)
+        _captured[key] = _finish(_build(n_q, view, causal), repeat, dtype)
     return _captured[key]  # type: ignore[return-value]
+
+
+def _finish(ok: torch.Tensor, repeat: int, dtype: torch.dtype | None) -> torch.Tensor:
+    ok = ok.repeat(1, 1, repeat, 1) if repeat > 1 else ok
+    if dtype is None:
+        return ok
+    return torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill_(~ok, float("-inf"))
 
 
 def _build(n_q: int, view: CacheView, causal: bool) -> torch.Tensor:
