@@ -20,7 +20,7 @@ Arms (`--arms`, default all):
 
 Every row names the SDPA backend torch dispatched to and whether decode replayed a graph,
 and checks its first step's logits against kvtax-fp16's at that context (same cache
-contents and token): fp16 arms must agree to bf16 noise (rel RMS < 0.03), int8 arms show
+contents and token): fp16 arms must agree to bf16 noise (rel RMS < 0.05), int8 arms show
 their quantization error (the check is informational for them).
 
     python benchmarks/stock_check.py --out $OUT/stock_check.json       # ~1-2 min on an H200
@@ -74,7 +74,7 @@ ARMS = {a.name: a for a in (
     Arm("sdpa-math", "fp16", "fp16", backend="math"),
 )}
 DEFAULT_ARMS = list(ARMS)[:9]  # flash (no mask) and math: ask for them by name
-FP16_TOL = 0.03  # rel RMS of logits between fp16-KV arms: bf16 model, different kernels
+FP16_TOL = 0.05  # rel RMS of logits between fp16-KV arms: bf16 model, different kernels
 
 
 # Arms that call torch ops less travelled than SDPA's defaults; they run after all others,
