@@ -147,10 +147,6 @@ def run_arm(model, arm: Arm, ctx: int, args: argparse.Namespace) -> dict:  # noq
                 "graph_off_reason": runner.graph_disabled_reason}
     finally:
         runner.release_graph()
-        del caches, runner
-        gc.collect()
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
 
 
 def _backend(arm: Arm, caches, cfg, dtype, graph: bool) -> str | None:  # noqa: ANN001
@@ -201,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                 check(row, logits, refs.get(ctx))
             except Exception as exc:  # one arm failing must not end the run
                 row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:300])
+            gc.collect()  # the arm's caches and graph pools, before the next arm allocates
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
         rows.append(row)
         print(_line(row), file=sys.stderr, flush=True)
         if args.out:

@@ -9,9 +9,10 @@ read the cache length from the device (`view.length_t`, handed to the Triton ker
 kernels do not serve, a swapped-in attention function that reads the host length), decode
 runs eagerly and `runner.graph_disabled_reason` says why (printed once). A swapped-in
 function that reads `view.length_t` says so with `fn.graph_blocker(q, view)` (the
-harness's baselines: masked reads of the presized storage) and is captured like kvtax's. Greedy decode (`decode_greedy`, and `generate` at temperature 0) captures
-the argmax with the step: the graph writes the next token into its own input buffer and
-moves its position and lengths on, so a token costs one replay and nothing between.
+harness's baselines: masked reads of the presized storage) and is captured like kvtax's.
+Greedy decode (`decode_greedy`, and `generate` at temperature 0) captures the argmax with
+the step: the graph writes the next token into its own input buffer and moves its
+position and lengths on, so a token costs one replay and nothing between.
 
     >>> runner = Runner(load_model("tiny"), kv="int8")
     >>> result = runner.generate(torch.tensor([[1, 2, 3]]), 32)
