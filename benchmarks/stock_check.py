@@ -12,6 +12,8 @@ Arms (`--arms`, default all):
                    presized capacity (lengths from the device), torch's backend choice
   sdpa-efficient / sdpa-cudnn / sdpa-flash / sdpa-math   the same call, backend pinned
                    (flash takes no mask: it is expected to fail, as a row, in this form)
+  sdpa-gqa / sdpa-cudnn-gqa   the masked call with the query heads kept (enable_gqa)
+                   rather than each KV head's group folded into query rows
   sdpa-varlen      torch's flash varlen attention over exactly the held keys (device
                    lengths via seqused_k), captured
   sdpa-eager       the host-length SDPA call with eager decode (the old stock arm)
@@ -43,7 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import (  # noqa: E402  (the same cache fill, timing and metadata as decode.py)
     _DTYPES, _device_name, _metadata, _quantile, _time_steps, fill_random, parse_contexts)
-from kvtax.harness.baselines import ATTENTION_PATHS  # noqa: E402
+from kvtax.harness.baselines import ATTENTION_PATHS, attention_sdpa_gqa  # noqa: E402
 from kvtax.harness.cells import decode_sdpa_backend  # noqa: E402
 from kvtax.harness.hooks import use_attention, use_sdpa_backend  # noqa: E402
 from kvtax.harness.varlen import attention_sdpa_varlen  # noqa: E402
@@ -58,6 +60,7 @@ class Arm:
     backend: str = "auto"
     graph: bool = True
     varlen: bool = False
+    fold_gqa: bool = True  # False: the masked call keeps the query heads (enable_gqa)
 
 
 ARMS = {a.name: a for a in (
@@ -65,6 +68,8 @@ ARMS = {a.name: a for a in (
     Arm("sdpa", "fp16", "fp16"),
     Arm("sdpa-efficient", "fp16", "fp16", backend="efficient"),
     Arm("sdpa-cudnn", "fp16", "fp16", backend="cudnn"),
+    Arm("sdpa-gqa", "fp16", "fp16", fold_gqa=False),
+    Arm("sdpa-cudnn-gqa", "fp16", "fp16", backend="cudnn", fold_gqa=False),
     Arm("sdpa-varlen", "fp16", "fp16", varlen=True),
     Arm("sdpa-eager", "fp16", "fp16", graph=False),
     Arm("kvtax-int8", "fused", "int8"),
@@ -73,13 +78,13 @@ ARMS = {a.name: a for a in (
     Arm("sdpa-flash", "fp16", "fp16", backend="flash"),
     Arm("sdpa-math", "fp16", "fp16", backend="math"),
 )}
-DEFAULT_ARMS = list(ARMS)[:9]  # flash (no mask) and math: ask for them by name
+DEFAULT_ARMS = list(ARMS)[:11]  # flash (no mask) and math: ask for them by name
 FP16_TOL = 0.05  # rel RMS of logits between fp16-KV arms: bf16 model, different kernels
 
 
 # Arms that call torch ops less travelled than SDPA's defaults; they run after all others,
 # so a device fault that poisons the CUDA context costs only them.
-LATE = ("sdpa-varlen", "sdpa-cudnn", "sdpa-flash", "sdpa-math")
+LATE = ("sdpa-varlen", "sdpa-cudnn", "sdpa-cudnn-gqa", "sdpa-flash", "sdpa-math")
 
 
 def plan(arms: list[str], contexts: list[int]) -> list[tuple[int, str]]:
@@ -121,7 +126,8 @@ def run_arm(model, arm: Arm, ctx: int, args: argparse.Namespace) -> dict:  # noq
     dev, cfg = model.embed.weight.device, model.config
     if args.compile:
         torch._dynamo.reset()
-    fn = attention_sdpa_varlen if arm.varlen else ATTENTION_PATHS[arm.path]
+    fn = (attention_sdpa_varlen if arm.varlen else
+          ATTENTION_PATHS[arm.path] if arm.fold_gqa else attention_sdpa_gqa)
     runner = Runner(model, kv=arm.kv, cuda_graph=None if arm.graph else False,
                     compile=args.compile and arm.graph)
     caches = runner.make_caches(capacity=ctx + args.warmup + args.tokens + 3)
@@ -156,7 +162,8 @@ def _backend(arm: Arm, caches, cfg, dtype, graph: bool) -> str | None:  # noqa: 
         return "kvtax"
     if arm.varlen and graph:
         return "flash-varlen"
-    return decode_sdpa_backend(arm.path, caches, cfg, dtype, graph) or "matmul-softmax"
+    name = decode_sdpa_backend(arm.path, caches, cfg, dtype, graph, arm.fold_gqa)
+    return name or "matmul-softmax"
 
 
 def check(row: dict, logits: torch.Tensor, ref: torch.Tensor | None) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvtax.cache import FullCache, SlidingCache
-from kvtax.harness.baselines import ATTENTION_PATHS, sdpa_backend
+from kvtax.harness.baselines import ATTENTION_PATHS, attention_sdpa_gqa, sdpa_backend
 from kvtax.harness.hooks import use_attention, use_sdpa_backend
 from kvtax.harness.masks import capacity_mask
 from kvtax.models import Runner, load_model
@@ -24,13 +24,14 @@ from tests.helpers import assert_close, rand_kv
 from tests.models_env import one_thread  # noqa: F401  (autouse)
 
 BASELINES = ("unfused", "dequant", "fp16")
+FNS = {**ATTENTION_PATHS, "fp16-gqa": attention_sdpa_gqa}  # + the stock call, heads kept
 CHUNK = 16  # appends of <= 16 tokens: the rings below (55 and 31 slots) wrap past 63 tokens
 _GEOMETRIES = {
     "full": lambda kv: FullCache(kv, capacity=257 + 37),
     "ring": lambda kv: SlidingCache(kv, window=40, sinks=3, max_chunk=CHUNK),
     "ring-nosink": lambda kv: SlidingCache(kv, window=16, max_chunk=CHUNK),
 }
-_KVS = {"fp16": ("fp16",), "unfused": ("int8", "int4", "k8v4"), "dequant": ("int8", "int4+hk")}
+_KVS = {"fp16": ("fp16",), "fp16-gqa": ("fp16",), "unfused": ("int8", "int4", "k8v4"), "dequant": ("int8", "int4+hk")}
 
 
 def _fill_unwritten(cache, value: float | None, gen: torch.Generator) -> None:
@@ -53,7 +54,7 @@ def _captured(view):
 
 _PARAMS = [
     pytest.param(path, kv, geo, n, n_q, id=f"{path}-{kv}-{geo}-L{n}-q{n_q}")
-    for path in BASELINES for kv in _KVS[path] for geo in _GEOMETRIES
+    for path in (*BASELINES, "fp16-gqa") for kv in _KVS[path] for geo in _GEOMETRIES
     for n in (1, 63, 257) for n_q in (1, 5) if n_q <= n
 ]
 
@@ -64,7 +65,7 @@ def test_captured_form_equals_host_form(path, kv, geo, n, n_q):
     sliding rings before and after wrap-around: the masked capacity read gives the same
     output as the host-length read."""
     gen = torch.Generator().manual_seed(n * 7 + n_q)
-    dtype = torch.float16 if path == "fp16" else torch.float32
+    dtype = torch.float16 if path.startswith("fp16") else torch.float32
     cache = _GEOMETRIES[geo](kv)
     for start in range(0, n, CHUNK):
         t = min(CHUNK, n - start)
@@ -72,14 +73,14 @@ def test_captured_form_equals_host_form(path, kv, geo, n, n_q):
                      rand_kv((2, 2, t, 64), gen=gen, dtype=dtype))
     _fill_unwritten(cache, None, gen)
     q = rand_kv((2, 8, n_q, 64), gen=gen, dtype=dtype)
-    fn = ATTENTION_PATHS[path]
+    fn = FNS[path]
     view = cache.view()
     # the captured form reads more slots than are held: garbage it must mask out
     assert view.k.codes.shape[2] > view.num_slots
     want = fn(q, view)
     got = fn(q, _captured(view))
     # fp16 SDPA with a mask takes another kernel than without: fp16 rounding apart.
-    tol = 2e-3 if path == "fp16" else 1e-5
+    tol = 2e-3 if path.startswith("fp16") else 1e-5
     assert_close(got, want, atol=tol, rel_rms=tol, what=f"{path} {kv} {geo}")
 
 
@@ -178,6 +179,7 @@ def test_sdpa_backend_names_what_the_dispatcher_picks():
     assert auto in ("flash", "math", "efficient", "cudnn")
     with use_sdpa_backend("math"):
         assert sdpa_backend("fp16", q, cache.view()) == "math"
+        assert sdpa_backend("fp16", q, _captured(cache.view()), fold_gqa=False) == "math"
         assert sdpa_backend("dequant", q, _captured(cache.view())) == "math"
     with pytest.raises(ValueError, match="unknown SDPA backend"):
         with use_sdpa_backend("fastest"):
@@ -201,7 +203,7 @@ def test_pinned_backend_really_runs_and_refuses_what_it_cannot_serve():
 
 _GPU_CASES = [
     pytest.param(name, path, backend, False, id=f"{name}-{path}-{backend}")
-    for name in ("tiny", "tiny-gemma3") for path in BASELINES
+    for name in ("tiny", "tiny-gemma3") for path in (*BASELINES, "fp16-gqa")
     for backend in (("auto", "efficient", "math") if path == "fp16" else ("auto",))
 ] + [pytest.param("tiny", "fp16", "auto", True, id="tiny-fp16-auto-compiled"),
      pytest.param("tiny", "fp16-varlen", "auto", False, id="tiny-fp16-varlen")]
@@ -210,7 +212,7 @@ _GPU_CASES = [
 def _gpu_fn(path: str):
     from kvtax.harness.varlen import attention_sdpa_varlen
 
-    return attention_sdpa_varlen if path == "fp16-varlen" else ATTENTION_PATHS[path]
+    return attention_sdpa_varlen if path == "fp16-varlen" else FNS[path]
 
 
 @pytest.mark.gpu

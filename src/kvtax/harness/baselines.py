@@ -25,6 +25,7 @@ everything, materialize every score) over the same ~bytes. Each function carries
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -92,6 +93,7 @@ def _sdpa(
     scale: float | None,
     softcap: float | None,
     causal: bool,
+    fold_gqa: bool = True,
 ) -> torch.Tensor:
     """SDPA of q `[B, H_q, L, D]` over k, v `[B, H_kv, n, D]` (n = `_slots(view)`)."""
     if softcap:
@@ -99,7 +101,7 @@ def _sdpa(
             "torch SDPA has no logit soft-capping; this baseline cannot run a softcap model "
             "(use the fused or unfused path)"
         )
-    args, kw = sdpa_arguments(q, k, v, view, scale, causal)
+    args, kw = sdpa_arguments(q, k, v, view, scale, causal, fold_gqa)
     return F.scaled_dot_product_attention(*args, **kw).reshape(q.shape)
 
 
@@ -110,6 +112,7 @@ def sdpa_arguments(
     view: CacheView,
     scale: float | None,
     causal: bool,
+    fold_gqa: bool = True,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], dict]:
     """The exact ((q, k, v), kwargs) the baselines hand `F.scaled_dot_product_attention`.
 
@@ -117,13 +120,18 @@ def sdpa_arguments(
     lets SDPA pick flash). Captured (`view.length_t` set): each KV head's G query heads
     become G·L query rows `[B, H_kv, G·L, D]` under one additive mask `[B, 1, G·L, slots]`,
     so every backend (efficient, cuDNN, math) serves GQA and reads each KV head once; the
-    output `[B, H_kv, G·L, D]` is `[B, H_q, L, D]` reshaped.
+    output `[B, H_kv, G·L, D]` is `[B, H_q, L, D]` reshaped. `fold_gqa=False` keeps the
+    heads and asks for `enable_gqa` under a mask `[B, 1, L, slots]` instead (the backends
+    that serve it may split the keys differently: measured side by side).
     """
+    gqa = q.shape[1] != k.shape[1]
     if view.length_t is None:
         mask = host_mask(q.shape[2], view, causal)
         if mask is not None:
             mask = mask.to(q.device)
-        gqa = q.shape[1] != k.shape[1]
+        return (q, k, v), dict(attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if not fold_gqa:
+        mask = capacity_mask(q.shape[2], view, causal, dtype=q.dtype)
         return (q, k, v), dict(attn_mask=mask, scale=scale, enable_gqa=gqa)
     b, hq, n_q, d = q.shape
     group = hq // k.shape[1]
@@ -159,17 +167,20 @@ def attention_sdpa(
     scale: float | None = None,
     softcap: float | None = None,
     causal: bool = True,
+    fold_gqa: bool = True,
 ) -> torch.Tensor:
     """The fp16 baseline: SDPA reads the unquantized storage in place (no decode copy).
 
     The query is cast to the storage dtype (a few KB) rather than the cache to the
     query's, so an fp16 cache under an fp32 CPU model is still read without a copy.
+    fold_gqa: the captured form's GQA (`sdpa_arguments`); `attention_sdpa_gqa` is False.
     """
     check_query(q, view)
     if (reason := _not_float(view)) is not None:
         raise ValueError(reason)
     k, v = sdpa_storage(view)
-    out = _sdpa(rotate_query(q, view).to(k.dtype), k, v, view, scale, softcap, causal)
+    out = _sdpa(rotate_query(q, view).to(k.dtype), k, v, view, scale, softcap, causal,
+                fold_gqa)
     return unrotate_output(out.to(q.dtype), view)
 
 
@@ -202,12 +213,17 @@ def _sdpa_blocker(q: torch.Tensor, view: object) -> str | None:
 attention_unfused.graph_blocker = _view_blocker  # type: ignore[attr-defined]
 attention_dequant.graph_blocker = _view_blocker  # type: ignore[attr-defined]
 attention_sdpa.graph_blocker = _sdpa_blocker  # type: ignore[attr-defined]
+# The stock fp16 arm's captured call with the query heads kept (`enable_gqa` under a mask).
+attention_sdpa_gqa = functools.partial(attention_sdpa, fold_gqa=False)
+attention_sdpa_gqa.graph_blocker = _sdpa_blocker  # type: ignore[attr-defined]
 
 _BACKEND_NAMES = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
                   "CUDNN_ATTENTION": "cudnn", "MATH": "math", "OVERRIDEABLE": "overrideable"}
 
 
-def sdpa_backend(path: str, q: torch.Tensor, view: CacheView) -> str | None:
+def sdpa_backend(
+    path: str, q: torch.Tensor, view: CacheView, fold_gqa: bool = True
+) -> str | None:
     """The SDPA backend ("flash", "efficient", "cudnn", "math") the `path` baseline's call
     for q `[B, H_q, L, D]` over `view` dispatches to under the backends enabled now (the
     captured form when `view.length_t` is set); None for paths that call no SDPA.
@@ -224,7 +240,7 @@ def sdpa_backend(path: str, q: torch.Tensor, view: CacheView) -> str | None:
         n = _slots(view)
         shape = (view.batch, view.num_kv_heads, n, view.head_dim)
         k = v = torch.empty(shape, dtype=q.dtype, device=q.device)
-    args, kw = sdpa_arguments(q, k, v, view, None, True)
+    args, kw = sdpa_arguments(q, k, v, view, None, True, fold_gqa)
     choice = getattr(torch, "_fused_sdp_choice", None)
     if choice is None:
         return "unknown"

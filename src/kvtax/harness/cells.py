@@ -301,7 +301,8 @@ def model_cell(
 
 
 def decode_sdpa_backend(
-    path: str, caches: list[BaseCache], cfg: Any, dtype: torch.dtype, captured: bool
+    path: str, caches: list[BaseCache], cfg: Any, dtype: torch.dtype, captured: bool,
+    fold_gqa: bool = True,
 ) -> str | None:
     """The SDPA backend a decode step of `path` dispatched to over a global layer's cache
     (its captured, masked form when `captured`); None for paths without SDPA."""
@@ -311,7 +312,7 @@ def decode_sdpa_backend(
         lens = torch.full((view.batch,), view.length, dtype=torch.int32, device=view.device)
         view = dataclasses.replace(view, length_t=lens)
     q = torch.empty(view.batch, cfg.num_heads, 1, view.head_dim, dtype=dtype, device=view.device)
-    return sdpa_backend(path, q, view)
+    return sdpa_backend(path, q, view, fold_gqa)
 
 
 def model_bytes_per_token(cfg: Any, spec: KVSpec, dtype: torch.dtype) -> int:
