@@ -31,7 +31,8 @@ _GEOMETRIES = {
     "ring": lambda kv: SlidingCache(kv, window=40, sinks=3, max_chunk=CHUNK),
     "ring-nosink": lambda kv: SlidingCache(kv, window=16, max_chunk=CHUNK),
 }
-_KVS = {"fp16": ("fp16",), "fp16-gqa": ("fp16",), "unfused": ("int8", "int4", "k8v4"), "dequant": ("int8", "int4+hk")}
+_KVS = {"fp16": ("fp16",), "fp16-gqa": ("fp16",), "unfused": ("int8", "int4", "k8v4"),
+        "dequant": ("int8", "int4+hk")}
 
 
 def _fill_unwritten(cache, value: float | None, gen: torch.Generator) -> None:
