@@ -117,3 +117,15 @@ def test_single_phase_cells(phases):
     assert (row["ttft_s"] is not None) == ("prefill" in phases)
     assert (row["decode_ms_per_token"] is not None) == ("decode" in phases)
     assert row["cache_bytes"] > 0  # the prompt is always run, measured or not
+
+
+@pytest.mark.parametrize("path, kv, want", [
+    ("fp16", "fp16", "math"), ("dequant", "int8", "math"), ("unfused", "int8", None),
+    ("fused", "int8", None)])
+def test_model_rows_say_how_decode_ran(path, kv, want):
+    """Each row says whether decode replayed a graph (not on CPU) and which SDPA backend
+    the baselines' calls took; extra.sdpa_backend pins it."""
+    row = measure(_model_cell(path, kv, context=24, extra={"sdpa_backend": "math"}))
+    assert row["status"] == "ok", row
+    assert row["cuda_graph"] is False and row["graph_off_reason"] is None
+    assert row["sdpa_backend"] == want

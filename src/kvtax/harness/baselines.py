@@ -5,10 +5,19 @@ with q `[B, H_q, L, D]` (the last L positions) and return `[B, H_q, L, D]` in q.
 
 - `attention_unfused`: mlx-lm's quantized path (`quantized_scaled_dot_product_attention`):
   scores `[B, H_q, L, ctx]` materialized in the model dtype, softmax, then a second
-  matmul. The transient grows with chunk x context (seed 002 measured 1.216 GB of it).
+  matmul. The transient grows with chunk x context (1.216 GB of it measured at a 2048-token
+  chunk over a long prompt).
 - `attention_dequant`: transformers' QuantizedCache: dequantize the whole cache to the
   model dtype on every call, then `scaled_dot_product_attention`.
 - `attention_sdpa`: the stock fp16 baseline: SDPA straight over unquantized storage.
+
+Two forms of each, one function: eager (`view.length_t` None) they read the first
+`view.num_slots` slots with a mask from the host length, as today's libraries do. In a
+captured CUDA-graph decode step (`view.length_t` set: `kvtax.models.Runner`) they read
+every physical slot of the presized storage behind a mask computed on the device
+(`kvtax.harness.masks`), so one graph serves every step: the same semantics (dequantize
+everything, materialize every score) over the same ~bytes. Each function carries
+`graph_blocker(q, view)`, which the runner asks before capturing it.
 
     >>> from kvtax.harness.baselines import ATTENTION_PATHS
     >>> out = ATTENTION_PATHS["unfused"](q, cache.view())
@@ -16,33 +25,24 @@ with q `[B, H_q, L, D]` (the last L positions) and return `[B, H_q, L, D]` in q.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from kvtax.attention import CacheView, attention, visible
-from kvtax.attention.reference import check_query
+from kvtax.attention import CacheView, attention
+from kvtax.attention.reference import check_query, rotate_query, unrotate_output
 from kvtax.formats import FloatFormat, QTensor
+from kvtax.harness.masks import capacity_mask, host_mask, storage_slots
 
 AttentionFn = Callable[..., torch.Tensor]
 
 
-def _positions(q: torch.Tensor, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
-    n_q = q.shape[2]
-    q_pos = torch.arange(view.length - n_q, view.length, device=q.device)
-    return q_pos, view.slot_positions()
-
-
-def _mask(
-    q: torch.Tensor, view: CacheView, causal: bool
-) -> torch.Tensor | None:
-    """Bool `[L, slots]` visibility, or None when every slot is visible (plain decode)."""
-    if q.shape[2] == 1 and view.window is None:
-        return None  # one query at the newest position sees the whole full cache
-    q_pos, k_pos = _positions(q, view)
-    return visible(q_pos, k_pos, causal=causal, window=view.window, sinks=view.sinks)
+def _slots(view: CacheView) -> int:
+    """Slots a call reads: the held ones eager, every physical one in a captured step."""
+    return view.num_slots if view.length_t is None else storage_slots(view)
 
 
 def _dequantized(part: QTensor, fmt, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -67,19 +67,22 @@ def attention_unfused(
     n_q, group = check_query(q, view)
     b, hq, _, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    n = view.num_slots
+    n = _slots(view)
     k = _dequantized(view.k, view.spec.key, n, q.dtype)       # [B, Hkv, n, D]
     v = _dequantized(view.v, view.spec.value, n, q.dtype)
-    qg = (q * scale).view(b, view.num_kv_heads, group, n_q, d)
+    qg = (rotate_query(q, view) * scale).view(b, view.num_kv_heads, group, n_q, d)
     scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2))  # [B, Hkv, G, L, n]
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
-    mask = _mask(q, view, causal)
+    if view.length_t is None:
+        mask = host_mask(n_q, view, causal)                   # [L, n] or None
+    else:
+        mask = capacity_mask(n_q, view, causal)[:, :, None]   # [B, 1, 1, L, n]
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     out = torch.matmul(probs, v.unsqueeze(2))                    # [B, Hkv, G, L, D]
-    return out.reshape(b, hq, n_q, d)
+    return unrotate_output(out.reshape(b, hq, n_q, d), view)
 
 
 def _sdpa(
@@ -90,17 +93,50 @@ def _sdpa(
     scale: float | None,
     softcap: float | None,
     causal: bool,
+    fold_gqa: bool = True,
 ) -> torch.Tensor:
+    """SDPA of q `[B, H_q, L, D]` over k, v `[B, H_kv, n, D]` (n = `_slots(view)`)."""
     if softcap:
         raise NotImplementedError(
             "torch SDPA has no logit soft-capping; this baseline cannot run a softcap model "
             "(use the fused or unfused path)"
         )
-    mask = _mask(q, view, causal)
-    if mask is not None:
-        mask = mask.to(q.device)
+    args, kw = sdpa_arguments(q, k, v, view, scale, causal, fold_gqa)
+    return F.scaled_dot_product_attention(*args, **kw).reshape(q.shape)
+
+
+def sdpa_arguments(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    view: CacheView,
+    scale: float | None,
+    causal: bool,
+    fold_gqa: bool = True,
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], dict]:
+    """The exact ((q, k, v), kwargs) the baselines hand `F.scaled_dot_product_attention`.
+
+    Eager: q as given, GQA by `enable_gqa`, the host mask (None for plain decode, which
+    lets SDPA pick flash). Captured (`view.length_t` set): each KV head's G query heads
+    become G·L query rows `[B, H_kv, G·L, D]` under one additive mask `[B, 1, G·L, slots]`,
+    so every backend (efficient, cuDNN, math) serves GQA and reads each KV head once; the
+    output `[B, H_kv, G·L, D]` is `[B, H_q, L, D]` reshaped. `fold_gqa=False` keeps the
+    heads and asks for `enable_gqa` under a mask `[B, 1, L, slots]` instead (the backends
+    that serve it may split the keys differently: measured side by side).
+    """
     gqa = q.shape[1] != k.shape[1]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if view.length_t is None:
+        mask = host_mask(q.shape[2], view, causal)
+        if mask is not None:
+            mask = mask.to(q.device)
+        return (q, k, v), dict(attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if not fold_gqa:
+        mask = capacity_mask(q.shape[2], view, causal, dtype=q.dtype)
+        return (q, k, v), dict(attn_mask=mask, scale=scale, enable_gqa=gqa)
+    b, hq, n_q, d = q.shape
+    group = hq // k.shape[1]
+    mask = capacity_mask(n_q, view, causal, repeat=group, dtype=q.dtype)  # built once a step
+    return (q.reshape(b, k.shape[1], group * n_q, d), k, v), dict(attn_mask=mask, scale=scale)
 
 
 def attention_dequant(
@@ -117,10 +153,11 @@ def attention_dequant(
     which is exactly the traffic and transient a fused kernel avoids.
     """
     check_query(q, view)
-    n = view.num_slots
+    n = _slots(view)
     k = _dequantized(view.k, view.spec.key, n, q.dtype)
     v = _dequantized(view.v, view.spec.value, n, q.dtype)
-    return _sdpa(q, k, v, view, scale, softcap, causal)
+    out = _sdpa(rotate_query(q, view), k, v, view, scale, softcap, causal)
+    return unrotate_output(out, view)
 
 
 def attention_sdpa(
@@ -130,23 +167,92 @@ def attention_sdpa(
     scale: float | None = None,
     softcap: float | None = None,
     causal: bool = True,
+    fold_gqa: bool = True,
 ) -> torch.Tensor:
     """The fp16 baseline: SDPA reads the unquantized storage in place (no decode copy).
 
     The query is cast to the storage dtype (a few KB) rather than the cache to the
     query's, so an fp16 cache under an fp32 CPU model is still read without a copy.
+    fold_gqa: the captured form's GQA (`sdpa_arguments`); `attention_sdpa_gqa` is False.
     """
     check_query(q, view)
-    if not (isinstance(view.spec.key, FloatFormat) and isinstance(view.spec.value, FloatFormat)):
-        raise ValueError(
-            f"the fp16 path needs an unquantized cache, got {view.spec.name}; "
-            "use the dequant path for quantized formats"
-        )
-    n = view.num_slots
-    k = view.k.codes[:, :, :n]
-    v = view.v.codes[:, :, :n]
-    out = _sdpa(q.to(k.dtype), k, v.to(k.dtype), view, scale, softcap, causal)
-    return out.to(q.dtype)
+    if (reason := _not_float(view)) is not None:
+        raise ValueError(reason)
+    k, v = sdpa_storage(view)
+    out = _sdpa(rotate_query(q, view).to(k.dtype), k, v, view, scale, softcap, causal,
+                fold_gqa)
+    return unrotate_output(out.to(q.dtype), view)
+
+
+def sdpa_storage(view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp16 path's K and V: the unquantized storage `[B, H_kv, n, D]`, no copy."""
+    n = _slots(view)
+    return view.k.codes[:, :, :n], view.v.codes[:, :, :n].to(view.k.codes.dtype)
+
+
+def _not_float(view: CacheView) -> str | None:
+    if isinstance(view.spec.key, FloatFormat) and isinstance(view.spec.value, FloatFormat):
+        return None
+    return (f"the fp16 path needs an unquantized cache, got {view.spec.name}; "
+            "use the dequant path for quantized formats")
+
+
+def _view_blocker(q: torch.Tensor, view: object) -> str | None:
+    """Why a captured step cannot run this baseline over `view` (None: it can)."""
+    if not isinstance(view, CacheView):
+        return f"the baselines read a CacheView, not a {type(view).__name__}"
+    return None
+
+
+def _sdpa_blocker(q: torch.Tensor, view: object) -> str | None:
+    return _view_blocker(q, view) or _not_float(view)  # type: ignore[arg-type]
+
+
+# The protocol `kvtax.models.Runner` asks before capturing a decode step: a function that
+# reads lengths from `view.length_t` says which calls it can serve inside a CUDA graph.
+attention_unfused.graph_blocker = _view_blocker  # type: ignore[attr-defined]
+attention_dequant.graph_blocker = _view_blocker  # type: ignore[attr-defined]
+attention_sdpa.graph_blocker = _sdpa_blocker  # type: ignore[attr-defined]
+# The stock fp16 arm's captured call with the query heads kept (`enable_gqa` under a mask).
+attention_sdpa_gqa = functools.partial(attention_sdpa, fold_gqa=False)
+attention_sdpa_gqa.graph_blocker = _sdpa_blocker  # type: ignore[attr-defined]
+
+_BACKEND_NAMES = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
+                  "CUDNN_ATTENTION": "cudnn", "MATH": "math", "OVERRIDEABLE": "overrideable"}
+
+
+def sdpa_backend(
+    path: str, q: torch.Tensor, view: CacheView, fold_gqa: bool = True
+) -> str | None:
+    """The SDPA backend ("flash", "efficient", "cudnn", "math") the `path` baseline's call
+    for q `[B, H_q, L, D]` over `view` dispatches to under the backends enabled now (the
+    captured form when `view.length_t` is set); None for paths that call no SDPA.
+
+    Asks torch's own dispatcher (`torch._fused_sdp_choice`) with the call's exact
+    arguments; dequant's decoded K/V are stand-ins of their shape (allocated, not filled).
+    """
+    if path not in ("fp16", "dequant"):
+        return None
+    if path == "fp16":
+        k, v = sdpa_storage(view)
+        q = q.to(k.dtype)
+    else:
+        n = _slots(view)
+        shape = (view.batch, view.num_kv_heads, n, view.head_dim)
+        k = v = torch.empty(shape, dtype=q.dtype, device=q.device)
+    args, kw = sdpa_arguments(q, k, v, view, None, True, fold_gqa)
+    choice = getattr(torch, "_fused_sdp_choice", None)
+    if choice is None:
+        return "unknown"
+    try:
+        from torch.nn.attention import SDPBackend
+
+        name = SDPBackend(choice(*args, **kw)).name
+    except (RuntimeError, ValueError):  # no backend serves the call: SDPA itself raises
+        return "none"
+    except TypeError:  # a torch whose dispatcher query takes other arguments
+        return "unknown"
+    return _BACKEND_NAMES.get(name, name.lower())
 
 
 ATTENTION_PATHS: dict[str, AttentionFn] = {

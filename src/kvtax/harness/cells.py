@@ -3,16 +3,20 @@
 Two levels share one timeline — setup, prefill, decode — each phase with its own peak:
 
 - model level: a whole decoder through `kvtax.models.Runner` (chunked prefill, then
-  `decode_tokens` greedy steps with EOS ignored);
+  `decode_tokens` greedy steps with EOS ignored), the same runner for every path: on CUDA
+  with a presized cache each path's decode step is captured in a CUDA graph (the row's
+  `cuda_graph` says whether it was, `graph_off_reason` why not);
 - attention level: one layer's cache and the attention op alone over it (chunked append
   + attention for prefill, append-one + attention per decode step).
 
 Returned fields are the bench-row keys of `kvtax.harness.schema` (plus a few extras such
-as `memory_kind`, `prefill_growth`, `decode_growth_events`).
+as `memory_kind`, `prefill_growth`, `decode_growth_events`, and `sdpa_backend`: the torch
+SDPA backend the fp16 / dequant baselines' decode dispatched to).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +26,8 @@ import torch
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.formats import KVSpec
 from kvtax.harness import devinfo
-from kvtax.harness.baselines import attention_for
+from kvtax.harness.baselines import attention_for, sdpa_backend
+from kvtax.harness.hooks import use_sdpa_backend
 from kvtax.harness.memory import PhaseMeter
 
 PhaseHook = Callable[[str], None]
@@ -193,6 +198,8 @@ def attention_cell(
         out["decode_growth"] = cache.growth_events > before
     out["level"] = "attention"
     out["layer_shape"] = [hq, hkv, d]
+    out["cuda_graph"] = False  # every path's op runs eagerly here, kvtax's included
+    out["sdpa_backend"] = sdpa_backend(cell["path"], q_1, cache.view())
     return out
 
 
@@ -215,9 +222,10 @@ def model_cell(
     b, ctx, n_dec = int(cell["batch"]), int(cell["context"]), int(cell["decode_tokens"])
     model = load_model(cell["model"], dtype=dtype, device=device, seed=int(cell["seed"]))
     cfg = model.config
-    # Baselines read `view.length` on the host: they cannot live in a captured CUDA graph.
-    graph = cell.get("cuda_graph") if path == "fused" else False
-    runner = Runner(model, kv=kv, chunk_size=int(cell["chunk_size"]), cuda_graph=graph)
+    # Every path decodes in the same runner: the baselines too are captured (masked reads of
+    # the presized storage, lengths from the device), so arms differ in attention alone.
+    runner = Runner(model, kv=kv, chunk_size=int(cell["chunk_size"]),
+                    cuda_graph=cell.get("cuda_graph"))
     gen = torch.Generator(device="cpu").manual_seed(int(cell["seed"]))
     ids = torch.randint(0, cfg.vocab_size, (b, ctx), generator=gen).to(device)
     capacity = ctx + n_dec + 2 if cell.get("presize") else None
@@ -283,10 +291,28 @@ def model_cell(
             _finish_decode(out, samples)
             out["decode_growth_events"] = _growths(caches) - before
             out["decode_growth"] = _growths(caches) > before
+        graph = bool(runner.cuda_graph and runner.graph_disabled_reason is None)
+        out["sdpa_backend"] = decode_sdpa_backend(path, caches, cfg, dtype, graph)
     out["level"] = "model"
-    out["cuda_graph"] = bool(runner.cuda_graph and runner.graph_disabled_reason is None)
+    out["cuda_graph"] = graph
+    out["graph_off_reason"] = runner.graph_disabled_reason
     out["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     return out
+
+
+def decode_sdpa_backend(
+    path: str, caches: list[BaseCache], cfg: Any, dtype: torch.dtype, captured: bool,
+    fold_gqa: bool = True,
+) -> str | None:
+    """The SDPA backend a decode step of `path` dispatched to over a global layer's cache
+    (its captured, masked form when `captured`); None for paths without SDPA."""
+    cache = next((c for c in caches if getattr(c, "window", None) is None), caches[0])
+    view = cache.view()
+    if captured:
+        lens = torch.full((view.batch,), view.length, dtype=torch.int32, device=view.device)
+        view = dataclasses.replace(view, length_t=lens)
+    q = torch.empty(view.batch, cfg.num_heads, 1, view.head_dim, dtype=dtype, device=view.device)
+    return sdpa_backend(path, q, view, fold_gqa)
 
 
 def model_bytes_per_token(cfg: Any, spec: KVSpec, dtype: torch.dtype) -> int:
@@ -324,6 +350,8 @@ def run_cell(
         from kvtax.harness.hf_quantized import hf_quantized_cell
 
         return hf_quantized_cell(cell, hook, out)
-    if cell.get("level", "model") == "attention":
-        return attention_cell(cell, hook, out)
-    return model_cell(cell, hook, out)
+    # extra.sdpa_backend pins the backend the fp16 / dequant baselines' SDPA calls use
+    with use_sdpa_backend(str(cell.get("extra", {}).get("sdpa_backend", "auto"))):
+        if cell.get("level", "model") == "attention":
+            return attention_cell(cell, hook, out)
+        return model_cell(cell, hook, out)

@@ -1,4 +1,5 @@
-"""Swap the attention function a decoder's layers call, for the length of a `with` block.
+"""Swap the attention function a decoder's layers call (and pin torch SDPA's backend), for
+the length of a `with` block.
 
 Each decoder layer calls `self.attn_fn(q, cache.view(), scale=, softcap=)` (kvtax's
 `attention` by default); the baselines (`kvtax.harness.baselines`) have the same
@@ -7,6 +8,8 @@ the models package knowing about the harness.
 
     >>> with use_attention(model, attention_unfused):
     ...     runner.decode_step(tok, caches)
+    >>> with use_sdpa_backend("efficient"):   # what the fp16 / dequant baselines call
+    ...     runner.decode_greedy(tok, caches)
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
+
+# `use_sdpa_backend` names → torch's SDPBackend members ("auto": torch's own choice).
+SDPA_BACKENDS = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
 
 
 @contextlib.contextmanager
@@ -35,3 +42,23 @@ def use_attention(model: torch.nn.Module, fn: Callable[..., object] | None) -> I
     finally:
         for m, orig in saved:
             m.attn_fn = orig
+
+
+@contextlib.contextmanager
+def use_sdpa_backend(name: str = "auto") -> Iterator[None]:
+    """Allow torch SDPA only `name`'s backend ("flash", "efficient", "cudnn", "math"), or
+    torch's own choice ("auto"). A call that backend cannot serve raises (SDPA's "No
+    available kernel"), never falls back silently: the baselines' eager form asks for GQA
+    (`enable_gqa`), which not every backend serves; their captured form folds the group
+    into query rows, which all do. A captured CUDA graph keeps the kernel chosen while it
+    was captured, so capture inside the block."""
+    if name not in SDPA_BACKENDS:
+        raise ValueError(f"unknown SDPA backend {name!r} (known: {', '.join(SDPA_BACKENDS)})")
+    member = SDPA_BACKENDS[name]
+    if member is None:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([getattr(SDPBackend, member)]):
+        yield

@@ -6,10 +6,13 @@ graph (static token/position/length buffers; the cache preallocated to prompt + 
 storage never moves) and replays it per token. The graph needs the attention kernel to
 read the cache length from the device (`view.length_t`, handed to the Triton kernels as
 `lengths`); where it cannot (the torch reference on CPU or without Triton, a layer the
-kernels do not serve), decode runs eagerly and `runner.graph_disabled_reason` says why
-(printed once). Greedy decode (`decode_greedy`, and `generate` at temperature 0) captures
-the argmax with the step: the graph writes the next token into its own input buffer and
-moves its position and lengths on, so a token costs one replay and nothing between.
+kernels do not serve, a swapped-in attention function that reads the host length), decode
+runs eagerly and `runner.graph_disabled_reason` says why (printed once). A swapped-in
+function that reads `view.length_t` says so with `fn.graph_blocker(q, view)` (the
+harness's baselines: masked reads of the presized storage) and is captured like kvtax's.
+Greedy decode (`decode_greedy`, and `generate` at temperature 0) captures the argmax with
+the step: the graph writes the next token into its own input buffer and moves its
+position and lengths on, so a token costs one replay and nothing between.
 
     >>> runner = Runner(load_model("tiny"), kv="int8")
     >>> result = runner.generate(torch.tensor([[1, 2, 3]]), 32)
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvtax.attention import attention
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.errors import CapacityError, OptionError
 from kvtax.formats import KVSpec, default_kv
@@ -296,6 +300,7 @@ class Runner:
             self.graph_disabled_reason = reason
             self._blocked = (id(caches), weakref.ref(caches[0]))
             return False
+        _clear_unwritten(self.model, caches)
         g = _DecodeGraph.capture(self.model, caches, compile=self.compile, greedy=greedy)
         if greedy:
             self._greedy = g
@@ -456,22 +461,50 @@ def _graph_blocker(model: DecoderModel, caches: Sequence[BaseCache]) -> str | No
     if any(c.store.growable for c in caches):  # type: ignore[union-attr]
         return ("a cache may grow (storage would move under the graph); make caches with "
                 "capacity = prompt + max new tokens")
+    for layer, c in zip(model.layers, caches):
+        view = c.view()
+        lens = torch.zeros(view.batch, dtype=torch.int32, device=view.device)
+        view = dataclasses.replace(view, length_t=lens)
+        q = torch.empty(view.batch, model.config.num_heads, 1, view.head_dim, dtype=view.dtype,
+                        device=view.device)
+        reason = _attention_blocker(layer.attn.attn_fn, q, view)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _attention_blocker(fn: Callable, q: torch.Tensor, view: object) -> str | None:
+    """Why a captured step cannot call `fn(q, view)` with device lengths (None: it can).
+
+    kvtax's `attention` needs its Triton kernels (the reference reads the host length); a
+    swapped-in function (the harness's baselines) is graph-safe only where it says so with
+    `fn.graph_blocker(q, view) -> str | None`."""
+    if fn is not attention:
+        check = getattr(fn, "graph_blocker", None)
+        if check is None:
+            name = getattr(fn, "__name__", type(fn).__name__)
+            return f"the attention function {name} reads the cache length on the host"
+        return check(q, view)
     try:
         from kvtax.attention import triton_api
     except ImportError as exc:
         return f"the Triton kernels are unavailable ({exc}); the reference is not graph-safe"
     if "lengths" not in inspect.signature(triton_api.triton_attention).parameters:
         return "the Triton attention kernels take no device lengths"
-    for c in caches:
-        view = c.view()
-        lens = torch.zeros(view.batch, dtype=torch.int32, device=view.device)
-        view = dataclasses.replace(view, length_t=lens)
-        q = torch.empty(view.batch, model.config.num_heads, 1, view.head_dim, dtype=view.dtype,
-                        device=view.device)
-        reason = triton_api.unsupported_reason(q, view)
-        if reason is not None:
-            return f"the kernels cannot serve a layer ({reason})"
-    return None
+    reason = triton_api.unsupported_reason(q, view)
+    return None if reason is None else f"the kernels cannot serve a layer ({reason})"
+
+
+def _clear_unwritten(model: DecoderModel, caches: Sequence[BaseCache]) -> None:
+    """Zero the never-written slots of layers whose attention is not kvtax's: those (the
+    baselines) read every slot behind a mask, and `torch.empty` storage may hold NaN, which
+    a mask does not cancel (NaN · 0). Slots the graph writes later are overwritten then."""
+    for layer, c in zip(model.layers, caches):
+        if layer.attn.attn_fn is attention or c.store is None:
+            continue
+        held = c.view().num_slots
+        for t in c.store.k.parts() + c.store.v.parts():
+            t[:, :, held:].zero_()
 
 
 def _eos_set(given: int | Sequence[int] | None, default: Sequence[int]) -> set[int]:
