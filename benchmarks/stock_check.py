@@ -9,11 +9,12 @@ would store it), then real model steps are timed (CUDA events, median and p20/p8
 Arms (`--arms`, default all):
   kvtax-fp16 / kvtax-int8   kvtax's fused kernels
   sdpa             torch SDPA over the fp16 storage, captured: a masked call over the
-                   presized capacity (lengths from the device), torch's backend choice
+                   presized capacity (lengths from the device), query heads kept
+                   (enable_gqa), torch's backend choice: the bench's stock fp16 arm
   sdpa-efficient / sdpa-cudnn / sdpa-flash / sdpa-math   the same call, backend pinned
                    (flash takes no mask: it is expected to fail, as a row, in this form)
-  sdpa-gqa / sdpa-cudnn-gqa   the masked call with the query heads kept (enable_gqa)
-                   rather than each KV head's group folded into query rows
+  sdpa-folded / sdpa-cudnn-folded   the masked call with each KV head's query group
+                   folded into query rows rather than enable_gqa
   sdpa-varlen      torch's flash varlen attention over exactly the held keys (device
                    lengths via seqused_k), captured
   sdpa-eager       the host-length SDPA call with eager decode (the old stock arm)
@@ -45,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import (  # noqa: E402  (the same cache fill, timing and metadata as decode.py)
     _DTYPES, _device_name, _metadata, _quantile, _time_steps, fill_random, parse_contexts)
-from kvtax.harness.baselines import ATTENTION_PATHS, attention_sdpa_gqa  # noqa: E402
+from kvtax.harness.baselines import ATTENTION_PATHS, attention_sdpa_folded  # noqa: E402
 from kvtax.harness.cells import decode_sdpa_backend  # noqa: E402
 from kvtax.harness.hooks import use_attention, use_sdpa_backend  # noqa: E402
 from kvtax.harness.varlen import attention_sdpa_varlen  # noqa: E402
@@ -60,7 +61,7 @@ class Arm:
     backend: str = "auto"
     graph: bool = True
     varlen: bool = False
-    fold_gqa: bool = True  # False: the masked call keeps the query heads (enable_gqa)
+    fold_gqa: bool = False  # True: GQA folded into query rows under one mask
 
 
 ARMS = {a.name: a for a in (
@@ -68,8 +69,8 @@ ARMS = {a.name: a for a in (
     Arm("sdpa", "fp16", "fp16"),
     Arm("sdpa-efficient", "fp16", "fp16", backend="efficient"),
     Arm("sdpa-cudnn", "fp16", "fp16", backend="cudnn"),
-    Arm("sdpa-gqa", "fp16", "fp16", fold_gqa=False),
-    Arm("sdpa-cudnn-gqa", "fp16", "fp16", backend="cudnn", fold_gqa=False),
+    Arm("sdpa-folded", "fp16", "fp16", fold_gqa=True),
+    Arm("sdpa-cudnn-folded", "fp16", "fp16", backend="cudnn", fold_gqa=True),
     Arm("sdpa-varlen", "fp16", "fp16", varlen=True),
     Arm("sdpa-eager", "fp16", "fp16", graph=False),
     Arm("kvtax-int8", "fused", "int8"),
@@ -84,7 +85,7 @@ FP16_TOL = 0.05  # rel RMS of logits between fp16-KV arms: bf16 model, different
 
 # Arms that call torch ops less travelled than SDPA's defaults; they run after all others,
 # so a device fault that poisons the CUDA context costs only them.
-LATE = ("sdpa-varlen", "sdpa-cudnn", "sdpa-cudnn-gqa", "sdpa-flash", "sdpa-math")
+LATE = ("sdpa-varlen", "sdpa-cudnn", "sdpa-cudnn-folded", "sdpa-flash", "sdpa-math")
 
 
 def plan(arms: list[str], contexts: list[int]) -> list[tuple[int, str]]:
@@ -127,7 +128,7 @@ def run_arm(model, arm: Arm, ctx: int, args: argparse.Namespace) -> dict:  # noq
     if args.compile:
         torch._dynamo.reset()
     fn = (attention_sdpa_varlen if arm.varlen else
-          ATTENTION_PATHS[arm.path] if arm.fold_gqa else attention_sdpa_gqa)
+          attention_sdpa_folded if arm.fold_gqa else ATTENTION_PATHS[arm.path])
     runner = Runner(model, kv=arm.kv, cuda_graph=None if arm.graph else False,
                     compile=args.compile and arm.graph)
     caches = runner.make_caches(capacity=ctx + args.warmup + args.tokens + 3)

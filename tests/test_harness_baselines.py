@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvtax.cache import FullCache, SlidingCache
-from kvtax.harness.baselines import ATTENTION_PATHS, attention_sdpa_gqa, sdpa_backend
+from kvtax.harness.baselines import ATTENTION_PATHS, attention_sdpa_folded, sdpa_backend
 from kvtax.harness.hooks import use_attention, use_sdpa_backend
 from kvtax.harness.masks import capacity_mask
 from kvtax.models import Runner, load_model
@@ -24,14 +24,14 @@ from tests.helpers import assert_close, rand_kv
 from tests.models_env import one_thread  # noqa: F401  (autouse)
 
 BASELINES = ("unfused", "dequant", "fp16")
-FNS = {**ATTENTION_PATHS, "fp16-gqa": attention_sdpa_gqa}  # + the stock call, heads kept
+FNS = {**ATTENTION_PATHS, "fp16-folded": attention_sdpa_folded}  # + GQA folded into rows
 CHUNK = 16  # appends of <= 16 tokens: the rings below (55 and 31 slots) wrap past 63 tokens
 _GEOMETRIES = {
     "full": lambda kv: FullCache(kv, capacity=257 + 37),
     "ring": lambda kv: SlidingCache(kv, window=40, sinks=3, max_chunk=CHUNK),
     "ring-nosink": lambda kv: SlidingCache(kv, window=16, max_chunk=CHUNK),
 }
-_KVS = {"fp16": ("fp16",), "fp16-gqa": ("fp16",), "unfused": ("int8", "int4", "k8v4"),
+_KVS = {"fp16": ("fp16",), "fp16-folded": ("fp16",), "unfused": ("int8", "int4", "k8v4"),
         "dequant": ("int8", "int4+hk")}
 
 
@@ -55,7 +55,7 @@ def _captured(view):
 
 _PARAMS = [
     pytest.param(path, kv, geo, n, n_q, id=f"{path}-{kv}-{geo}-L{n}-q{n_q}")
-    for path in (*BASELINES, "fp16-gqa") for kv in _KVS[path] for geo in _GEOMETRIES
+    for path in (*BASELINES, "fp16-folded") for kv in _KVS[path] for geo in _GEOMETRIES
     for n in (1, 63, 257) for n_q in (1, 5) if n_q <= n
 ]
 
@@ -180,7 +180,7 @@ def test_sdpa_backend_names_what_the_dispatcher_picks():
     assert auto in ("flash", "math", "efficient", "cudnn")
     with use_sdpa_backend("math"):
         assert sdpa_backend("fp16", q, cache.view()) == "math"
-        assert sdpa_backend("fp16", q, _captured(cache.view()), fold_gqa=False) == "math"
+        assert sdpa_backend("fp16", q, _captured(cache.view()), fold_gqa=True) == "math"
         assert sdpa_backend("dequant", q, _captured(cache.view())) == "math"
     with pytest.raises(ValueError, match="unknown SDPA backend"):
         with use_sdpa_backend("fastest"):
@@ -204,7 +204,7 @@ def test_pinned_backend_really_runs_and_refuses_what_it_cannot_serve():
 
 _GPU_CASES = [
     pytest.param(name, path, backend, False, id=f"{name}-{path}-{backend}")
-    for name in ("tiny", "tiny-gemma3") for path in (*BASELINES, "fp16-gqa")
+    for name in ("tiny", "tiny-gemma3") for path in (*BASELINES, "fp16-folded")
     for backend in (("auto", "efficient", "math") if path == "fp16" else ("auto",))
 ] + [pytest.param("tiny", "fp16", "auto", True, id="tiny-fp16-auto-compiled"),
      pytest.param("tiny", "fp16-varlen", "auto", False, id="tiny-fp16-varlen")]

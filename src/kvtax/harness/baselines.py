@@ -93,7 +93,7 @@ def _sdpa(
     scale: float | None,
     softcap: float | None,
     causal: bool,
-    fold_gqa: bool = True,
+    fold_gqa: bool = False,
 ) -> torch.Tensor:
     """SDPA of q `[B, H_q, L, D]` over k, v `[B, H_kv, n, D]` (n = `_slots(view)`)."""
     if softcap:
@@ -112,17 +112,18 @@ def sdpa_arguments(
     view: CacheView,
     scale: float | None,
     causal: bool,
-    fold_gqa: bool = True,
+    fold_gqa: bool = False,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], dict]:
     """The exact ((q, k, v), kwargs) the baselines hand `F.scaled_dot_product_attention`.
 
     Eager: q as given, GQA by `enable_gqa`, the host mask (None for plain decode, which
-    lets SDPA pick flash). Captured (`view.length_t` set): each KV head's G query heads
-    become G·L query rows `[B, H_kv, G·L, D]` under one additive mask `[B, 1, G·L, slots]`,
-    so every backend (efficient, cuDNN, math) serves GQA and reads each KV head once; the
-    output `[B, H_kv, G·L, D]` is `[B, H_q, L, D]` reshaped. `fold_gqa=False` keeps the
-    heads and asks for `enable_gqa` under a mask `[B, 1, L, slots]` instead (the backends
-    that serve it may split the keys differently: measured side by side).
+    lets SDPA pick flash). Captured (`view.length_t` set): the query heads kept, GQA by
+    `enable_gqa`, under one additive mask `[B, 1, L, slots]` from the device lengths.
+    `fold_gqa=True` instead folds each KV head's G query heads into G·L query rows
+    `[B, H_kv, G·L, D]` under a mask `[B, 1, G·L, slots]` (every backend serves it, each KV
+    head read once) — measured 1.6-11x slower on an H200 with cuDNN (Llama-3.1-8B shapes,
+    2026-12-01, `benchmarks/stock_check.py`: 6.80 / 24.9 / 87.1 ms per token at 4k / 32k /
+    128k against 4.36 / 5.15 / 7.97 heads kept), so the kept heads are the default.
     """
     gqa = q.shape[1] != k.shape[1]
     if view.length_t is None:
@@ -167,13 +168,13 @@ def attention_sdpa(
     scale: float | None = None,
     softcap: float | None = None,
     causal: bool = True,
-    fold_gqa: bool = True,
+    fold_gqa: bool = False,
 ) -> torch.Tensor:
     """The fp16 baseline: SDPA reads the unquantized storage in place (no decode copy).
 
     The query is cast to the storage dtype (a few KB) rather than the cache to the
     query's, so an fp16 cache under an fp32 CPU model is still read without a copy.
-    fold_gqa: the captured form's GQA (`sdpa_arguments`); `attention_sdpa_gqa` is False.
+    fold_gqa: the captured form's GQA (`sdpa_arguments`); `attention_sdpa_folded` is True.
     """
     check_query(q, view)
     if (reason := _not_float(view)) is not None:
@@ -213,9 +214,9 @@ def _sdpa_blocker(q: torch.Tensor, view: object) -> str | None:
 attention_unfused.graph_blocker = _view_blocker  # type: ignore[attr-defined]
 attention_dequant.graph_blocker = _view_blocker  # type: ignore[attr-defined]
 attention_sdpa.graph_blocker = _sdpa_blocker  # type: ignore[attr-defined]
-# The stock fp16 arm's captured call with the query heads kept (`enable_gqa` under a mask).
-attention_sdpa_gqa = functools.partial(attention_sdpa, fold_gqa=False)
-attention_sdpa_gqa.graph_blocker = _sdpa_blocker  # type: ignore[attr-defined]
+# The stock call with GQA folded into query rows: measured slower, kept for stock_check.py.
+attention_sdpa_folded = functools.partial(attention_sdpa, fold_gqa=True)
+attention_sdpa_folded.graph_blocker = _sdpa_blocker  # type: ignore[attr-defined]
 
 _BACKEND_NAMES = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "efficient",
                   "CUDNN_ATTENTION": "cudnn", "MATH": "math", "OVERRIDEABLE": "overrideable"}

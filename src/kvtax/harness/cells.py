@@ -302,7 +302,7 @@ def model_cell(
 
 def decode_sdpa_backend(
     path: str, caches: list[BaseCache], cfg: Any, dtype: torch.dtype, captured: bool,
-    fold_gqa: bool = True,
+    fold_gqa: bool = False,
 ) -> str | None:
     """The SDPA backend a decode step of `path` dispatched to over a global layer's cache
     (its captured, masked form when `captured`); None for paths without SDPA."""
