@@ -116,7 +116,9 @@ class Runner:
                               "on a CUDA device with CUDA-graph decode on")
         self.compile = compile
         if fused_gemv is None:
-            fused_gemv = is_cuda and gemv_blocker(model.config) is None
+            # argmax.runs_on: Triton kernels run here (False on a CUDA install without Triton)
+            fused_gemv = is_cuda and gemv_blocker(model.config) is None and argmax.runs_on(
+                self.device)
         elif fused_gemv and gemv_blocker(model.config) is None:
             from kvtax.models.gemv import runs_on  # needs Triton: imported when asked for
 
