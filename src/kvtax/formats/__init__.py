@@ -12,11 +12,19 @@ from kvtax.formats.base import KVFormat, QTensor, check_input
 from kvtax.formats.floats import FloatFormat
 from kvtax.formats.fp8 import FP8Format
 from kvtax.formats.rotation import hadamard, rotate
-from kvtax.formats.spec import DEFAULT_KV, FORMAT_NAMES, KVSpec, default_kv, parse_format
+from kvtax.formats.spec import (
+    DEFAULT_KV,
+    FORMAT_NAMES,
+    KVSpec,
+    default_kv,
+    fit_head_dim,
+    parse_format,
+)
 
 __all__ = [
     "DEFAULT_KV",
     "default_kv",
+    "fit_head_dim",
     "AffineFormat",
     "FORMAT_NAMES",
     "FP8Format",
