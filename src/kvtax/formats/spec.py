@@ -1,8 +1,9 @@
 """Format names and K/V pairs: `parse_format("int4-g32")`, `KVSpec.parse("k8v4")`.
 
 Grammar (case-insensitive):
-  format := fp16 | bf16 | fp32 | fp8 | int8 | int4, optionally `-g<group>` for int formats
-            (aliases: 16 → fp16, 8 → int8, 4 → int4, fp8_e4m3 → fp8)
+  format := fp16 | bf16 | fp32 | fp8 | fp8-pt | int8 | int4, optionally `-g<group>` for int
+            formats (aliases: 16 → fp16, 8 → int8, 4 → int4, fp8_e4m3 → fp8); fp8 has a
+            scale per token and head, fp8-pt one per tensor (1.0: vLLM's default fp8)
   spec   := pair [+hk | +hkv] [+ck]       +hk: Hadamard-rotate keys before quantizing;
                                           +hkv: keys and values (kvtax.formats.rotation);
                                           +ck: center keys (subtract one per-channel mean
@@ -25,7 +26,7 @@ from kvtax.errors import FormatError
 from kvtax.formats.affine import GROUP_SIZES, AffineFormat
 from kvtax.formats.base import KVFormat
 from kvtax.formats.floats import FloatFormat
-from kvtax.formats.fp8 import FP8Format
+from kvtax.formats.fp8 import FP8Format, FP8TensorFormat
 
 ROTATIONS = ("", "k", "kv")
 
@@ -86,7 +87,7 @@ def _fit_group(fmt: KVFormat, head_dim: int) -> KVFormat:
     return AffineFormat(fmt.n_bits, max(fits)) if fits else fmt
 
 
-FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "int8", "int4")
+FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "fp8-pt", "int8", "int4")
 _ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "fp8_e4m3": "fp8", "e4m3": "fp8"}
 _FORMAT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:-g(?P<group>\d+))?$")
 _PAIR_RE = re.compile(r"^k(?P<k>[a-z0-9_\-]+?)v(?P<v>[a-z0-9_\-]+)$")
@@ -97,6 +98,8 @@ def parse_format(name: str | KVFormat) -> KVFormat:
     if isinstance(name, KVFormat):
         return name
     text = str(name).strip().lower()
+    if text == "fp8-pt":
+        return FP8TensorFormat()
     m = _FORMAT_RE.match(text)
     base = _ALIASES.get(m["base"], m["base"]) if m else None
     if base not in FORMAT_NAMES:
