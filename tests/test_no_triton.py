@@ -87,11 +87,13 @@ def test_capacity_and_roofline_without_triton(no_triton_env, tmp_path):
 
 
 def test_bench_cells_measure_without_triton(no_triton_env, tmp_path):
-    r = _run(no_triton_env, CLI, "bench", "--contexts", "128", "--kv", "int8",
+    r = _run(no_triton_env, CLI, "bench", "--contexts", "128", "--kv", "int8,fp8-pt",
              "--paths", "fused,fp16", "--reps", "1", "--warmup", "0", "--decode-tokens", "2",
              "--out", str(tmp_path / "runs"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     (run,) = (tmp_path / "runs").iterdir()
     rows = [json.loads(x) for x in (run / "rows.jsonl").read_text().splitlines()]
-    assert {x["arm"] for x in rows} == {"int8/fused", "fp16/fp16"}
+    assert {x["arm"] for x in rows} == {"int8/fused", "fp8-pt/fused", "fp16/fp16"}
+    per = {x["arm"]: x["bytes_per_token"] for x in rows}
+    assert per["fp8-pt/fused"] * 2 == per["fp16/fp16"] < per["int8/fused"] * 2  # 1 B/element
     assert all(x["status"] == "ok" for x in rows), [x.get("error") for x in rows]
