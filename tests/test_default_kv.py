@@ -44,7 +44,10 @@ def test_fit_keeps_explicit_groups_and_objects() -> None:
     assert fit_head_dim("fp16", 80).name == "fp16" and fit_head_dim("fp8", 96).name == "fp8"
 
 
-def test_fit_says_once_what_it_picked(caplog) -> None:
+def test_fit_says_once_what_it_picked(caplog, monkeypatch) -> None:
+    from kvtax.formats import spec as spec_module
+
+    monkeypatch.setattr(spec_module, "_fits_said", set())  # what earlier tests said
     with caplog.at_level(logging.WARNING, logger="kvtax"):
         fit_head_dim("int4+hk", 80)
         fit_head_dim("int4+hk", 80)
