@@ -117,3 +117,23 @@ def test_hf_cache_default_fits_head_dim(d: int) -> None:
     with installed(model), torch.no_grad():
         logits = model(torch.randint(0, 97, (1, 9)), **{cache_kwarg(model): cache}).logits
     assert torch.isfinite(logits).all()
+
+
+def test_quality_arms_fit_head_dim(tmp_path) -> None:
+    """`kvtax quality`'s default arms (int8, int4+hk, ...) at head_dim 96 run, named by the
+    group they took; hybrid and per-layer arms keep their suffixes."""
+    from kvtax.formats.hybrid import fit_kv_name
+    from kvtax.harness.quality import QualityConfig, run_quality
+    from kvtax.harness.recall_models import RecallModel, load_recall_model
+    from kvtax.harness.store import read_rows
+
+    assert fit_kv_name("int8+hk@s4r128/L0:int4", 96) == "int8-g32+hk@s4r128/L0:int4-g32"
+    assert fit_kv_name("int4/hf-quantized", 80) == "int4-g16/hf-quantized"
+    assert fit_kv_name("8", 128) == "8" and fit_kv_name("native", 96) == "native"
+    tiny = load_recall_model("tiny", seed=3)
+    net = random_model(_shrunk("llama-3.1-8b", 96))
+    model = RecallModel("d96", "kvtax", net, tiny.tokenizer, tiny.eos_ids)
+    cfg = QualityConfig(model="d96", contexts=[48], kvs=["int8", "int4+hk@s2r8"], tail=8)
+    rows = read_rows(run_quality(cfg, tmp_path, model=model, log=lambda s: None))
+    assert [(r["kv"], r["status"]) for r in rows] == [
+        ("fp16", "ok"), ("int8-g32", "ok"), ("int4-g32+hk@s2r8", "ok")]
