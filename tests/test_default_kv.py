@@ -137,3 +137,17 @@ def test_quality_arms_fit_head_dim(tmp_path) -> None:
     rows = read_rows(run_quality(cfg, tmp_path, model=model, log=lambda s: None))
     assert [(r["kv"], r["status"]) for r in rows] == [
         ("fp16", "ok"), ("int8-g32", "ok"), ("int4-g32+hk@s2r8", "ok")]
+
+
+def test_recall_arms_fit_head_dim(tmp_path) -> None:
+    """`kvtax recall` at head_dim 96: its default int8 arm runs and its rows say int8-g32."""
+    from kvtax.harness.recall import RecallConfig, run_recall
+    from kvtax.harness.recall_models import RecallModel, load_recall_model
+    from kvtax.harness.store import read_rows
+
+    tiny = load_recall_model("tiny", seed=3)
+    net = random_model(_shrunk("llama-3.1-8b", 96))
+    model = RecallModel("d96", "kvtax", net, tiny.tokenizer, tiny.eos_ids)
+    cfg = RecallConfig(model="d96", contexts=[400], kvs=["int8"], facts=1, max_new_tokens=2)
+    rows = read_rows(run_recall(cfg, tmp_path, model=model, log=lambda s: None))
+    assert rows and {(r["kv"], r["status"]) for r in rows} == {("int8-g32", "ok")}
