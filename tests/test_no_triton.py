@@ -97,3 +97,24 @@ def test_bench_cells_measure_without_triton(no_triton_env, tmp_path):
     per = {x["arm"]: x["bytes_per_token"] for x in rows}
     assert per["fp8-pt/fused"] * 2 == per["fp16/fp16"] < per["int8/fused"] * 2  # 1 B/element
     assert all(x["status"] == "ok" for x in rows), [x.get("error") for x in rows]
+
+
+def test_cpu_paths_load_no_kernel_module():
+    """Where Triton is installed, CPU work still imports none of kvtax's kernel modules
+    (greedy sampling asked kvtax.models.argmax whether its kernel runs, which imported it)."""
+    code = """
+import sys, torch
+from kvtax import FullCache, attention
+from kvtax.models import Runner, load_model
+Runner(load_model("tiny")).generate(torch.randint(0, 200, (1, 8)), max_new_tokens=3)
+cache = FullCache("int8+hk+ck")
+cache.append(*torch.randn(2, 1, 2, 9, 64).unbind(0))
+attention(torch.randn(1, 4, 1, 64), cache.view())
+print(sorted(m for m in sys.modules if m.startswith("kvtax") and
+             ("kernels" in m or m.endswith(("triton_api", "store_triton", "gemv")))))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([SRC, env.get("PYTHONPATH", "")])
+    r = _run(env, code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]"

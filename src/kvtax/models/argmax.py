@@ -15,6 +15,7 @@ Triton is imported on first use, so a CPU install without it still decodes (torc
 
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 from typing import Any
 
@@ -24,6 +25,7 @@ BLOCK = 1024  # columns per program per loop step (8 per lane at 4 warps)
 CHUNK = 2048  # columns per program: ~63 programs for Llama-3's 128,256
 MAX_PROGRAMS = 1024  # per row; wider rows take larger chunks
 _WORK: dict[tuple, tuple[torch.Tensor, ...]] = {}
+_KERNEL_MODULE = "kvtax.models.kernels.argmax"
 
 
 @lru_cache(maxsize=1)
@@ -43,6 +45,8 @@ def _interpreting() -> bool:
 def runs_on(device: torch.device) -> bool:
     """Whether the kernel can run on tensors of `device` (CUDA, or CPU when interpreted);
     False everywhere when Triton is not installed."""
+    if device.type != "cuda" and _KERNEL_MODULE not in sys.modules:
+        return False  # CPU: only a kernel the interpreter built already runs (no import)
     if _kernel() is None:
         return False
     return device.type == "cuda" or _interpreting()
