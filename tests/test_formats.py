@@ -21,10 +21,12 @@ from tests.helpers import errors, rand_kv
 # Relative RMS round-trip error on N(0,1) rows of 128 dims. Affine: uniform rounding
 # error scale/sqrt(12) with scale ≈ range/(2^b-1) ≈ 5σ/(2^b-1); fp8 e4m3 keeps 3
 # mantissa bits (≤ 2^-4 relative rounding).
-GAUSS_BOUNDS = {"int8": 0.01, "int4-g32": 0.12, "int4": 0.14, "int4-g128": 0.16, "fp8": 0.04}
+GAUSS_BOUNDS = {"int8": 0.01, "int4-g32": 0.12, "int4": 0.14, "int4-g128": 0.16, "fp8": 0.04,
+                "fp8-pt": 0.04}
 # One outlier channel ×10 per row widens its group's range ~4x (affine) but not fp8's
 # per-element relative error much.
-OUTLIER_BOUNDS = {"int8": 0.02, "int4-g32": 0.25, "int4": 0.3, "int4-g128": 0.35, "fp8": 0.04}
+OUTLIER_BOUNDS = {"int8": 0.02, "int4-g32": 0.25, "int4": 0.3, "int4-g128": 0.35, "fp8": 0.04,
+                  "fp8-pt": 0.04}
 
 
 @pytest.mark.parametrize("name", list(GAUSS_BOUNDS))
@@ -97,6 +99,7 @@ def test_int4_split_half_packing() -> None:
         ("int4-g128", torch.float16, 64 + 1 * 2 * 2),
         ("int4", torch.float32, 64 + 2 * 2 * 4),
         ("fp8", torch.float16, 128 + 2),
+        ("fp8-pt", torch.bfloat16, 128),  # one scale per tensor: exactly a byte per element
     ],
 )
 def test_bytes_per_token_exact(name: str, dtype: torch.dtype, expected: int) -> None:
@@ -125,6 +128,9 @@ def test_scales_take_model_dtype() -> None:
         ("kint8vint4", "int8", "int4"),
         ("key=int8,value=int4", "int8", "int4"),
         ("fp8_e4m3", "fp8", "fp8"),
+        ("fp8-pt", "fp8-pt", "fp8-pt"),
+        ("kfp8-ptv4", "fp8-pt", "int4"),
+        ("key=int8,value=fp8-pt", "int8", "fp8-pt"),
         ("int4-g32", "int4-g32", "int4-g32"),
     ],
 )
@@ -181,3 +187,19 @@ def test_float_format_kinds() -> None:
     assert FP8Format().code_dtype(torch.float16) == torch.float8_e4m3fn
     with pytest.raises(ValueError):
         FloatFormat("fp64")
+
+
+def test_fp8_per_tensor_is_vllms_unit_scale() -> None:
+    """fp8-pt: codes are e4m3(x) itself (scale 1.0, no scale array), saturating at ±448
+    like vLLM's uncalibrated fp8 cache; fp8 scales each row to its own absmax instead."""
+    pt, row = parse_format("fp8-pt"), parse_format("fp8")
+    x = torch.tensor([[0.5, -3.0, 1000.0, -1000.0, 0.013]], dtype=torch.float16)
+    q = pt.quantize(x)
+    assert q.scales is None and q.biases is None and q.codes.dtype == torch.float8_e4m3fn
+    assert torch.equal(q.codes.float(), x.float().clamp(-448, 448).to(torch.float8_e4m3fn).float())
+    assert pt.dequantize(q).tolist()[0][:4] == [0.5, -3.0, 448.0, -448.0]
+    assert row.dequantize(row.quantize(x))[0, 2].item() == pytest.approx(1000.0, rel=0.07)
+    assert pt.part_bytes(128, torch.bfloat16) == (128, 0, 0)
+    assert row.part_bytes(128, torch.bfloat16) == (128, 2, 0)
+    assert parse_format("int8").part_bytes(128, torch.float16) == (128, 4, 4)
+    assert pt != row and isinstance(pt, FP8Format)

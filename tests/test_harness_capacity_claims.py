@@ -33,6 +33,18 @@ def test_llama31_8b_capacity_at_seed001_reservation():
     assert 1.9 < fp8 / 109527 < 2.0
     int4 = cap.tokens_fitting(budget, cap.kv_layout(cfg, "int4"))
     assert int4 == budget // (32 * 8 * 2 * (64 + 2 * 2 * 2))  # codes + bf16 scale/bias x 2 groups
+    # vLLM's fp8 (one scale per tensor): 219,008 there (16-token blocks), 128 B per K row here
+    assert cap.tokens_fitting(budget, cap.kv_layout(cfg, "fp8-pt")) == budget // 65536 == 219054
+
+
+@pytest.mark.parametrize("kv, parts", [("fp16", (131072, 0, 0)), ("fp8", (65536, 1024, 0)),
+                                       ("fp8-pt", (65536, 0, 0)), ("int4", (32768, 2048, 2048)),
+                                       ("k8v4", (49152, 2048, 2048))])
+def test_token_parts_split_bytes_per_token(kv, parts):
+    """Llama-3.1-8B, bf16: codes / scales / biases bytes per token over 32 layers x 8 heads."""
+    cfg = get_config("llama-3.1-8b")
+    assert cap.token_parts(cfg, kv) == parts
+    assert sum(parts) == cap.kv_layout(cfg, kv).per_token
 
 
 def test_sliding_layers_capped_at_window():

@@ -11,10 +11,16 @@ from kvtax.harness.store import read_rows
 
 def test_capacity_prints_tokens_per_format(capsys):
     assert main(["capacity", "--model", "llama-3.1-8b", "--reserve", "13.37GiB",
-                 "--kv", "fp16,fp8", "--device-memory", "141GiB"]) == 0
+                 "--kv", "fp16,fp8,fp8-pt", "--device-memory", "141GiB"]) == 0
     out = capsys.readouterr().out
     assert "109,527" in out  # fp16: 13.37 GiB / 131,072 B per token
     assert "215,684" in out  # fp8: 66,560 B per token (scales included)
+    assert "219,054" in out  # fp8-pt: 65,536 B per token (vLLM's fp8: 219,008 in blocks)
+    rows = {line.split()[0]: line.split()[1:5] for line in out.splitlines()
+            if line.split() and line.split()[0] in ("fp16", "fp8", "fp8-pt")}
+    # bytes/token, codes, scales, biases
+    assert rows["fp8"] == ["66,560", "65,536", "1,024", "0"]
+    assert rows["fp8-pt"] == ["65,536", "65,536", "0", "0"]
     assert "1.97x" in out and "longest context" in out
 
 

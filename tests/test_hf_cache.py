@@ -88,9 +88,11 @@ def test_per_layer_formats() -> None:
 
 
 def test_unfit_format_fails_at_construction() -> None:
-    """head_dim 48 does not split into int8's default groups of 64: say so before any forward."""
+    """head_dim 48 does not split into groups of 64: an explicit -g64 fails before any
+    forward; a name without a group takes one that divides head_dim (fit_head_dim)."""
     with pytest.raises(FormatError, match="int8-g16"):
-        KVTaxCache(tiny_config("llama", head_dim=48), kv="int8")
+        KVTaxCache(tiny_config("llama", head_dim=48), kv="int8-g64")
+    assert KVTaxCache(tiny_config("llama", head_dim=48), kv="int8").specs[0].name == "int8-g16"
     assert KVTaxCache(tiny_config("llama", head_dim=48), kv="int8-g16").specs[0].name == "int8-g16"
 
 

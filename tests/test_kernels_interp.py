@@ -39,6 +39,10 @@ CASES = [
     ("fp8", 128, 1, 4, 63, 5, torch.bfloat16),
     ("k8v4", 128, 1, 4, 130, 1, torch.float16),
     ("kfp8v4-g32", 128, 1, 4, 63, 1, torch.float16),
+    ("fp8-pt", 128, 2, 4, 130, 1, torch.float16),  # one scale per tensor (vLLM's fp8)
+    ("fp8-pt", 64, 1, 4, 63, 5, torch.bfloat16),
+    ("fp8-pt", 96, 1, 1, 63, 1, torch.float16),
+    ("kfp8-ptv4", 128, 1, 4, 63, 1, torch.float16),
     ("k4vfp16", 128, 1, 4, 63, 1, torch.float16),
     ("int8-g32", 128, 1, 4, 63, 1, torch.float16),
     ("int4-g128", 128, 1, 4, 63, 1, torch.float16),
@@ -54,6 +58,8 @@ CASES = [
     ("int8", 128, 1, 4, 130, 40, torch.float16),
     ("int4", 128, 1, 1, 130, 63, torch.bfloat16),
     ("fp8", 128, 1, 4, 63, 17, torch.float16),
+    ("fp8-pt", 128, 1, 4, 130, 40, torch.float16),
+    ("kint8vfp8-pt", 64, 1, 4, 63, 17, torch.bfloat16),
     ("k8v4-g32", 128, 1, 4, 130, 17, torch.float16),
     ("int4-g16", 80, 1, 4, 63, 20, torch.float16),
     ("int8-g32", 96, 1, 1, 63, 63, torch.float16),
@@ -186,10 +192,11 @@ def test_device_lengths_per_sequence():
         ke.assert_close(out[b : b + 1].float(), ref, atol=2e-2, rel_rms=4e-3, what=f"b{b}")
 
 
-def test_device_lengths_sliding_prefill():
-    q, view = build("fp8", d=64, h_kv=1, group=2, ctx=70, n_q=20, window=16, sinks=2)
+@pytest.mark.parametrize("spec", ["fp8", "fp8-pt"])
+def test_device_lengths_sliding_prefill(spec):
+    q, view = build(spec, d=64, h_kv=1, group=2, ctx=70, n_q=20, window=16, sinks=2)
     lens = torch.tensor([view.length], dtype=torch.int32, device=DEVICE)
-    check(q, view, lengths=lens, what="lengths-sliding")
+    check(q, view, lengths=lens, what=f"lengths-sliding-{spec}")
 
 
 def _batch(qt, b):

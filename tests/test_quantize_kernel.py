@@ -83,6 +83,9 @@ CASES = [
     ("k4-g32v8-g128", 128, torch.float16, 1),
     ("kfp8v8", 128, torch.bfloat16, 37),
     ("fp8", 128, torch.float16, 1),
+    ("fp8-pt", 128, torch.float16, 37),  # one scale per tensor (1.0): codes only
+    ("kfp8-ptv4", 64, torch.bfloat16, 1),
+    ("kint8-g16vfp8-pt", 80, torch.float32, 37),
     ("kfp8v4-g64", 128, torch.float32, 37),
     ("kfp16vbf16", 128, torch.float32, 37),
     ("kbf16vfp32", 128, torch.float16, 1),
@@ -229,6 +232,7 @@ CACHE_CASES = [
      [9, 1, "w", 5, "w", "w", 20, 17, "w"]),
     ("sliding", "fp8", torch.bfloat16, {"window": 8, "sinks": 2, "max_chunk": 8},
      [8, 3, 8, "w", "w", 8, 1, "w"]),
+    ("full", "fp8-pt", torch.float16, {"capacity": 64}, [37, "w", 1, "w"]),
     ("sliding", "kint4-g16vbf16", torch.float32, {"window": 5, "sinks": 0}, [2, 7, "w", 1, "w", 3]),
 ]
 

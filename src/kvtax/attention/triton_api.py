@@ -796,13 +796,23 @@ def _ieee_dots(dtype: torch.dtype) -> bool:
 
 
 def _parts(qt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """codes, scales, biases; absent parts alias codes (the kernels never read them)."""
+    """codes, scales, biases; absent parts alias codes (the kernels never read them).
+    fp8-pt (fp8 codes, no scales) reads fp8's kernel path with a stride-0 scale of 1.0."""
     codes = qt.codes
+    scales = qt.scales
     if codes.dtype == torch.float8_e4m3fn:
+        if scales is None:
+            scales = _unit_scale(codes.device).expand(*codes.shape[:-1], 1)
         codes = codes.view(torch.uint8)
-    scales = qt.scales if qt.scales is not None else codes
+    scales = scales if scales is not None else codes
     biases = qt.biases if qt.biases is not None else scales
     return codes, scales, biases
+
+
+@lru_cache(maxsize=None)
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    """A float32 1.0 per device, kept (a captured decode graph keeps pointing at it)."""
+    return torch.ones((), dtype=torch.float32, device=device)
 
 
 def _meta_stride(scales: torch.Tensor, biases: torch.Tensor) -> tuple[int, int, int]:

@@ -15,7 +15,7 @@ import torch
 from kvtax.attention.view import CacheView
 from kvtax.cache.storage import Storage, round_up
 from kvtax.errors import CapacityError, ShapeError
-from kvtax.formats import KVSpec, QTensor, check_input, rotate
+from kvtax.formats import KVSpec, QTensor, check_input, fit_head_dim, rotate
 
 _warned: set[str] = set()  # fallback reasons already reported
 
@@ -45,6 +45,8 @@ class BaseCache(ABC):
         center_keys: bool | None = None,
     ) -> None:
         self.spec = KVSpec.parse(spec)
+        # a name without `-g<N>` takes a group size dividing head_dim at the first append
+        self._fit_name = spec if isinstance(spec, str) else None
         # `+ck` specs store keys minus `key_shift` (key_mean below). center_keys None
         # follows the spec; False lets an owner that shifts once for several caches
         # (HybridCache) hand this one keys that are already centered.
@@ -87,7 +89,12 @@ class BaseCache(ABC):
         return self.length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Quantize and store new tokens. `k`, `v`: `[B, H_kv, T, D]`, same dtype/device."""
+        """Quantize and store new tokens. `k`, `v`: `[B, H_kv, T, D]`, same dtype/device.
+
+        The first append fixes head_dim: a format named without a group size ("int8+hk+ck")
+        then takes one that divides it (`kvtax.formats.fit_head_dim`; `spec` says which)."""
+        if self.store is None and self._fit_name is not None:
+            self.spec = fit_head_dim(self._fit_name, k.shape[-1])
         self._check(k, v)
         if self.store is None:
             self.store = self._allocate(k)

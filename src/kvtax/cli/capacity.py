@@ -1,12 +1,15 @@
 """`kvtax capacity`: tokens of KV cache that fit a memory reservation, per format.
 
-Bytes per token count K and V of every layer (codes + scales + biases, scales in the model
-dtype); a sliding-window layer never holds more than its window. With a device's memory
+Bytes per token count K and V of every layer and KV head; the codes, scales and biases
+columns split them by what is stored (scales and biases in the model dtype: fp8 keeps a
+scale per token and KV head, fp8-pt one per tensor, as vLLM's default fp8 KV cache does).
+A sliding-window layer never holds more than its window. With a device's memory
 (--device-memory, or the free memory of --device cuda) it also prints the longest context
 that fits beside the weights.
 
-Example (seed 001's reservation):
-  kvtax capacity --model llama-3.1-8b --reserve 13.37GiB --kv fp16,int8,int4,fp8
+Example (the 13.37 GiB KV reservation vLLM reported for Llama-3.1-8B, where it fit 109,504
+fp16 tokens and 219,008 fp8 ones):
+  kvtax capacity --model llama-3.1-8b --reserve 13.37GiB --kv fp16,int8,int4,fp8,fp8-pt
   kvtax capacity --model llama-3.1-8b --device-memory 141GiB
   kvtax capacity --from-run runs/20260101T000000Z-bench-tiny --reserve 1GiB
 """
@@ -28,8 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="built-in config name or local HF folder (default llama-3.1-8b)")
     p.add_argument("--reserve", default=None,
                    help="KV memory reservation, e.g. 13.37GiB (GiB = 2^30, GB = 10^9)")
-    p.add_argument("--kv", default="fp16,int8,int4,fp8",
-                   help="formats to compare (default fp16,int8,int4,fp8)")
+    p.add_argument("--kv", default="fp16,int8,int4,fp8,fp8-pt",
+                   help="formats to compare (default fp16,int8,int4,fp8,fp8-pt)")
     p.add_argument("--sliding-kv", default=None,
                    help="format of sliding-window layers (default: same as --kv)")
     p.add_argument("--dtype", default="bfloat16",
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg.head_dim}, weights {cap.format_size(weights)} in {args.dtype}"
           + (f"; reservation {cap.format_size(reserve)}" if reserve else "")
           + (f"; device {cap.format_size(device_bytes)}" if device_bytes else ""))
-    head = f"{'format':<10}{'bytes/token':>13}"
+    head = f"{'format':<10}{'bytes/token':>13}{'codes':>9}{'scales':>8}{'biases':>8}"
     if reserve:
         head += f"{'tokens in reserve':>19}{'vs first':>10}"
     if device_bytes:
@@ -98,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         spec = resolve_kv(name, cfg.head_dim)
         sliding = resolve_kv(args.sliding_kv, cfg.head_dim) if args.sliding_kv else None
         lay = cap.kv_layout(cfg, spec, dtype, sliding)
-        line = f"{spec.name:<10}{lay.per_token:>13,}"
+        codes, scales, biases = cap.token_parts(cfg, spec, dtype, sliding)
+        line = f"{spec.name:<10}{lay.per_token:>13,}{codes:>9,}{scales:>8,}{biases:>8,}"
         if reserve:
             n = cap.tokens_fitting(reserve, lay, args.batch)
             first = first or n
@@ -109,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
             n = cap.longest_context(device_bytes, weights, lay, overhead, args.batch)
             line += f"{'unbounded' if n == cap.UNBOUNDED else format(n, ','):>17}"
         print(line)
+    print("(bytes per token over all layers and KV heads; codes, scales and biases are its "
+          "parts. fp8: a scale per token and KV head; fp8-pt: one per tensor, none per token)")
     if device_bytes:
         print(f"(the model's trained maximum is {cfg.max_position_embeddings:,} positions; "
               f"overhead kept: {cap.format_size(overhead)})")

@@ -1,4 +1,5 @@
-"""KV storage formats: fp16/bf16/fp32, int8/int4 (affine, group-wise), fp8 (e4m3).
+"""KV storage formats: fp16/bf16/fp32, int8/int4 (affine, group-wise), fp8 (e4m3: scale per
+token `fp8`, per tensor `fp8-pt`).
 
     >>> from kvtax.formats import KVSpec, parse_format
     >>> fmt = parse_format("int4")
@@ -10,16 +11,25 @@
 from kvtax.formats.affine import GROUP_SIZES, AffineFormat
 from kvtax.formats.base import KVFormat, QTensor, check_input
 from kvtax.formats.floats import FloatFormat
-from kvtax.formats.fp8 import FP8Format
+from kvtax.formats.fp8 import FP8Format, FP8TensorFormat
 from kvtax.formats.rotation import hadamard, rotate
-from kvtax.formats.spec import DEFAULT_KV, FORMAT_NAMES, KVSpec, default_kv, parse_format
+from kvtax.formats.spec import (
+    DEFAULT_KV,
+    FORMAT_NAMES,
+    KVSpec,
+    default_kv,
+    fit_head_dim,
+    parse_format,
+)
 
 __all__ = [
     "DEFAULT_KV",
     "default_kv",
+    "fit_head_dim",
     "AffineFormat",
     "FORMAT_NAMES",
     "FP8Format",
+    "FP8TensorFormat",
     "FloatFormat",
     "GROUP_SIZES",
     "KVFormat",

@@ -97,9 +97,17 @@ class KVFormat(ABC):
 
     def bytes_per_token(self, head_dim: int, model_dtype: torch.dtype = torch.float16) -> int:
         """Exact resident bytes for one token of one KV head: codes + scales + biases."""
+        return sum(self.part_bytes(head_dim, model_dtype))
+
+    def part_bytes(
+        self, head_dim: int, model_dtype: torch.dtype = torch.float16
+    ) -> tuple[int, int, int]:
+        """(codes, scales, biases) bytes of one token of one KV head; scales and biases
+        are stored in the model dtype (`parse_format("int8").part_bytes(128)`: (128, 4, 4))."""
         self.check(head_dim)
-        meta = (self.scale_width(head_dim) + self.bias_width(head_dim)) * _itemsize(model_dtype)
-        return self.code_width(head_dim) * _itemsize(self.code_dtype(model_dtype)) + meta
+        meta = _itemsize(model_dtype)
+        return (self.code_width(head_dim) * _itemsize(self.code_dtype(model_dtype)),
+                self.scale_width(head_dim) * meta, self.bias_width(head_dim) * meta)
 
     def allocate(
         self,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvtax.errors import FormatError
-from kvtax.formats.spec import KVSpec
+from kvtax.formats.spec import KVSpec, fit_head_dim
 
 _SUFFIX_RE = re.compile(r"^(?:s(?P<s>\d+))?(?:r(?P<r>\d+))?$")
 
@@ -91,3 +91,26 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
     if not spec.is_quantized:
         raise FormatError(f"spec {text!r}: the body {spec.name} is not quantized; drop the '@…'")
     return HybridSpec(spec, int(m["s"] or 0), int(m["r"] or 0))
+
+
+def fit_kv_name(text: str, head_dim: int) -> str:
+    """An arm name made valid for `head_dim`: every format in it named without `-g<N>`
+    takes a group size dividing head_dim (`fit_head_dim`), '@' suffixes and
+    `/L<i>:<format>` layer formats kept ("int8+hk@s4r128/L0:int4" at 96 →
+    "int8-g32+hk@s4r128/L0:int4-g32"). Parts that fit already, or that are no format
+    (a path such as "/fused"), are left as written."""
+    parts = str(text).split("/")
+    out = []
+    for i, part in enumerate(parts):
+        prefix, sep, fmt = part.partition(":") if i else ("", "", part)
+        if i and not sep:
+            out.append(part)
+            continue
+        base, at, suffix = fmt.partition("@")
+        try:
+            fitted, given = fit_head_dim(base, head_dim), KVSpec.parse(base)
+        except FormatError:  # not a format here: the caller's parse reports it
+            fitted = given = None
+        name = fitted.name if fitted != given else base
+        out.append(f"{prefix}{sep}{name}{at}{suffix}")
+    return "/".join(out)

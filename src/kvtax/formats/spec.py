@@ -1,8 +1,9 @@
 """Format names and K/V pairs: `parse_format("int4-g32")`, `KVSpec.parse("k8v4")`.
 
 Grammar (case-insensitive):
-  format := fp16 | bf16 | fp32 | fp8 | int8 | int4, optionally `-g<group>` for int formats
-            (aliases: 16 → fp16, 8 → int8, 4 → int4, fp8_e4m3 → fp8)
+  format := fp16 | bf16 | fp32 | fp8 | fp8-pt | int8 | int4, optionally `-g<group>` for int
+            formats (aliases: 16 → fp16, 8 → int8, 4 → int4, fp8_e4m3 → fp8); fp8 has a
+            scale per token and head, fp8-pt one per tensor (1.0: vLLM's default fp8)
   spec   := pair [+hk | +hkv] [+ck]       +hk: Hadamard-rotate keys before quantizing;
                                           +hkv: keys and values (kvtax.formats.rotation);
                                           +ck: center keys (subtract one per-channel mean
@@ -14,16 +15,18 @@ Grammar (case-insensitive):
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 from dataclasses import dataclass
 
 import torch
 
 from kvtax.errors import FormatError
-from kvtax.formats.affine import AffineFormat
+from kvtax.formats.affine import GROUP_SIZES, AffineFormat
 from kvtax.formats.base import KVFormat
 from kvtax.formats.floats import FloatFormat
-from kvtax.formats.fp8 import FP8Format
+from kvtax.formats.fp8 import FP8Format, FP8TensorFormat
 
 ROTATIONS = ("", "k", "kv")
 
@@ -47,13 +50,44 @@ def centering_conflict(spec: "KVSpec", softcap: float | None) -> str | None:
     return None
 
 
-def default_kv(attn_softcap: float | None = None) -> str:
+def default_kv(attn_softcap: float | None = None, head_dim: int | None = None) -> str:
     """DEFAULT_KV for a model; without +ck where attention logits are soft-capped (Gemma 2),
-    since capping is not shift-invariant."""
-    return "int8+hk" if attn_softcap else DEFAULT_KV
+    since capping is not shift-invariant; with `head_dim`, a group size that divides it
+    (`fit_head_dim`: "int8-g32+hk+ck" at Phi-3's 96, "int8-g16+hk+ck" at 80)."""
+    name = "int8+hk" if attn_softcap else DEFAULT_KV
+    return name if head_dim is None else fit_head_dim(name, head_dim).name
 
 
-FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "int8", "int4")
+_log = logging.getLogger("kvtax")
+_fits_said: set[tuple[str, int]] = set()
+
+
+def fit_head_dim(spec: "str | KVFormat | KVSpec", head_dim: int) -> "KVSpec":
+    """`spec` made valid for rows of `head_dim`: an int format named without `-g<N>` takes
+    the largest group size up to its default 64 that divides head_dim ("int8+hk+ck" at 96
+    → "int8-g32+hk+ck"; rotation and centering kept), said once per name and head_dim on
+    the "kvtax" logger. An explicit group and a KVFormat / KVSpec object stay as given
+    (`spec.check(head_dim)` then raises FormatError where they do not fit)."""
+    parsed = KVSpec.parse(spec)
+    if not isinstance(spec, str) or "-g" in spec.lower():
+        return parsed
+    fitted = dataclasses.replace(parsed, key=_fit_group(parsed.key, head_dim),
+                                 value=_fit_group(parsed.value, head_dim))
+    if fitted != parsed and (spec, head_dim) not in _fits_said:
+        _fits_said.add((spec, head_dim))
+        _log.warning("kvtax: KV format %s at head_dim %d (group size 64 does not divide it) "
+                     "is stored as %s", spec, head_dim, fitted.name)
+    return fitted
+
+
+def _fit_group(fmt: KVFormat, head_dim: int) -> KVFormat:
+    if not isinstance(fmt, AffineFormat) or head_dim % fmt.group_size == 0:
+        return fmt
+    fits = [g for g in GROUP_SIZES if head_dim % g == 0 and g <= fmt.group_size]
+    return AffineFormat(fmt.n_bits, max(fits)) if fits else fmt
+
+
+FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "fp8-pt", "int8", "int4")
 _ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "fp8_e4m3": "fp8", "e4m3": "fp8"}
 _FORMAT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:-g(?P<group>\d+))?$")
 _PAIR_RE = re.compile(r"^k(?P<k>[a-z0-9_\-]+?)v(?P<v>[a-z0-9_\-]+)$")
@@ -64,6 +98,8 @@ def parse_format(name: str | KVFormat) -> KVFormat:
     if isinstance(name, KVFormat):
         return name
     text = str(name).strip().lower()
+    if text == "fp8-pt":
+        return FP8TensorFormat()
     m = _FORMAT_RE.match(text)
     base = _ALIASES.get(m["base"], m["base"]) if m else None
     if base not in FORMAT_NAMES:

@@ -28,7 +28,7 @@ from kvtax.errors import FormatError, ShapeError
 from kvtax.formats.affine import AffineFormat
 from kvtax.formats.base import MODEL_DTYPES, KVFormat, QTensor
 from kvtax.formats.floats import FloatFormat
-from kvtax.formats.fp8 import E4M3_MAX, FP8Format
+from kvtax.formats.fp8 import E4M3_MAX, FP8Format, FP8TensorFormat
 from kvtax.formats.kernels.quantize import _quantize_store_kernel
 from kvtax.formats.rotation import rotate
 from kvtax.formats.spec import KVSpec
@@ -58,6 +58,8 @@ def _format_code(fmt: KVFormat) -> tuple[int, int, float] | None:
         return 0, 0, 1.0
     if isinstance(fmt, AffineFormat):
         return (1 if fmt.n_bits == 8 else 2), fmt.group_size, float(fmt.levels)
+    if isinstance(fmt, FP8TensorFormat):  # before FP8Format: a subclass, with no scales
+        return 4, 0, 1.0
     if isinstance(fmt, FP8Format):
         return 3, 0, E4M3_MAX
     return None

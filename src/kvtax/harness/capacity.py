@@ -1,9 +1,11 @@
 """Capacity arithmetic: how many tokens of KV cache fit a memory budget, per format.
 
 vLLM 0.25.1 on an NVIDIA L4 (Llama-3.1-8B AWQ-INT4) measured its capacity at a 13.37 GiB
-reservation: fp16 KV 109,504 tokens, fp8 219,008 (2.0x). Here the same question is answered
-from bytes per token (all layers; a sliding-window layer never holds more than its window),
-and, given the weights, the longest context that fits a device.
+reservation: fp16 KV 109,504 tokens, fp8 219,008 (2.0x; its fp8 has one scale per tensor,
+kvtax's `fp8-pt`: 219,054 here, vLLM rounds to 16-token blocks; kvtax's `fp8` carries a scale
+per token and head: 215,684). Here the same question is answered from bytes per token (all
+layers; a sliding-window layer never holds more than its window), and, given the weights,
+the longest context that fits a device.
 
     >>> budget = parse_size("13.37GiB")
     >>> tokens_fitting(budget, kv_layout(get_config("llama-3.1-8b"), "fp16"))
@@ -76,6 +78,22 @@ def kv_layout(cfg: object, spec: str | KVSpec, dtype: torch.dtype = torch.bfloat
         else:
             sliding.append((int(w), sspec.bytes_per_token(hd, dtype) * hkv))
     return KVLayout(full, tuple(sliding))
+
+
+def token_parts(cfg: object, spec: str | KVSpec, dtype: torch.dtype = torch.bfloat16,
+                sliding_spec: str | KVSpec | None = None) -> tuple[int, int, int]:
+    """(codes, scales, biases) bytes one token adds over every layer and KV head while
+    every layer still grows: `kv_layout(...).per_token` split by what is stored."""
+    spec = KVSpec.parse(spec)
+    sspec = KVSpec.parse(sliding_spec) if sliding_spec else spec
+    hd, hkv = cfg.head_dim, cfg.num_kv_heads  # type: ignore[attr-defined]
+    total = [0, 0, 0]
+    for w in cfg.layer_windows():  # type: ignore[attr-defined]
+        s = spec if w is None else sspec
+        for fmt in (s.key, s.value):
+            for i, b in enumerate(fmt.part_bytes(hd, dtype)):
+                total[i] += b * hkv
+    return total[0], total[1], total[2]
 
 
 def tokens_fitting(budget: int, layout: KVLayout, batch: int = 1) -> int:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvtax.errors import FormatError
-from kvtax.formats import GROUP_SIZES, AffineFormat, KVFormat, KVSpec
+from kvtax.formats import KVSpec, fit_head_dim
 from kvtax.harness.schema import PATHS, arm_name, make_cell_id
 
 QUANTIZED_ONLY = ("unfused", "dequant", "hf-quantized")
@@ -121,26 +121,14 @@ def model_shape(model: str) -> tuple[int, int, int] | None:
     return cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
 
-def _fit_group(fmt: KVFormat, head_dim: int, explicit: bool) -> KVFormat:
-    if not isinstance(fmt, AffineFormat) or head_dim % fmt.group_size == 0 or explicit:
-        return fmt
-    fits = [g for g in GROUP_SIZES if head_dim % g == 0 and g <= fmt.group_size]
-    if not fits:
-        return fmt
-    return AffineFormat(fmt.n_bits, max(fits))
-
-
 def resolve_kv(kv: str, head_dim: int) -> KVSpec:
-    """A format name made valid for `head_dim`: "int8" on head_dim 32 → "int8-g32".
+    """A format name made valid for `head_dim`: "int8" on head_dim 32 → "int8-g32"
+    (`kvtax.formats.fit_head_dim`; rotation and centering kept).
 
     Only the default group size is adapted; an explicit `-g<N>` that does not divide
     head_dim is an error the user should see.
     """
-    spec = KVSpec.parse(kv)
-    explicit = "-g" in kv
-    spec = KVSpec(
-        _fit_group(spec.key, head_dim, explicit), _fit_group(spec.value, head_dim, explicit)
-    )
+    spec = fit_head_dim(kv, head_dim)
     try:
         spec.check(head_dim)
     except FormatError as exc:

@@ -14,6 +14,7 @@ layer's relative attention-output error on the run's own K/V (`quality_metrics`)
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import traceback
@@ -27,7 +28,7 @@ import torch
 from kvtax.cache import FullCache, SlidingCache
 from kvtax.cache.hybrid import HybridCache
 from kvtax.formats import KVSpec
-from kvtax.formats.hybrid import HybridSpec, parse_kv
+from kvtax.formats.hybrid import HybridSpec, fit_kv_name, parse_kv
 from kvtax.harness.quality_metrics import (
     LayerErrorProbe,
     TailStats,
@@ -260,6 +261,11 @@ def run_quality(
         log(f"loaded in {time.perf_counter() - t:.1f} s")
     net = model.model
     windows = net.config.layer_windows()
+    # names without a group size take one dividing head_dim (int8 → int8-g32 at 96)
+    hd = net.config.head_dim
+    cfg = dataclasses.replace(cfg, baseline=fit_kv_name(cfg.baseline, hd),
+                              kvs=[fit_kv_name(kv, hd) for kv in cfg.kvs],
+                              sliding_kv=cfg.sliding_kv and fit_kv_name(cfg.sliding_kv, hd))
     for kv in [cfg.baseline, *cfg.kvs]:  # every arm checked before the first cell runs
         base, layers = split_layer_formats(kv)
         check_layers(kv, layers, len(windows))

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtax.formats.hybrid import fit_kv_name
 from kvtax.harness.recall_facts import Fact, grade, make_facts
 from kvtax.harness.recall_models import RecallModel, Unavailable, load_recall_model
 from kvtax.harness.recall_transcript import (
@@ -92,6 +93,13 @@ def recall_row(cell: dict, run_id: str, device: str, commit: str | None) -> dict
     return row
 
 
+def _fitted(model: RecallModel, kvs: list[str]) -> list[str]:
+    """`kvs` with each format named without a group size given one dividing the model's
+    head_dim, so rows name what is stored ("int8" → "int8-g32" at 96)."""
+    head_dim = getattr(getattr(model.model, "config", None), "head_dim", None)
+    return [fit_kv_name(kv, head_dim) for kv in kvs] if isinstance(head_dim, int) else kvs
+
+
 def run_recall(
     cfg: RecallConfig,
     root: str | Path = "runs",
@@ -128,7 +136,7 @@ def run_recall(
     budgets = [cfg.max_new_tokens or len(model.tokenizer.encode(f.statement)) + ANSWER_SLACK
                for f in facts]
     done = store.done_cell_ids()
-    arms = ordered_arms([model.resolve(a) for a in cfg.kvs])
+    arms = ordered_arms([model.resolve(a) for a in _fitted(model, cfg.kvs)])
     total = len(arms) * len(cfg.contexts) * len(facts)
     seq, t_start, n_run = 0, time.perf_counter(), 0
     for kv, path in arms:

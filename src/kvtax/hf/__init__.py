@@ -3,9 +3,10 @@
     >>> import kvtax.hf as kh
     >>> with kh.installed(model):                      # explicit and reversible
     ...     cache = kh.KVTaxCache(model.config, kv="int8")
-    ...     ids = model.generate(**inputs, past_key_values=cache, max_new_tokens=64)
+    ...     ids = model.generate(**inputs, cache=cache, max_new_tokens=64)
     >>> cache.nbytes                                   # resident K/V bytes
-    >>> # transformers >= 5.2x names the argument `cache=`; `cache_kwarg(model)` says which.
+    >>> # transformers before 5.2x names the argument `past_key_values=` (5.2x deprecates
+    >>> # it with a FutureWarning); `cache_kwarg(model)` says which one a model takes.
 
 How it plugs in (kvtax.hf.layers, .attention, .positions):
 - `KVTaxCache.update(k, v, layer_idx)` returns a `KVHandle` for key and value instead of

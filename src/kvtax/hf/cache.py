@@ -20,7 +20,7 @@ from transformers import PretrainedConfig
 from transformers.cache_utils import Cache
 
 from kvtax.cache import make_caches
-from kvtax.formats import KVSpec, default_kv
+from kvtax.formats import KVSpec, default_kv, fit_head_dim
 from kvtax.hf.layers import KVTaxLayer
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -71,7 +71,8 @@ class KVTaxCache(Cache):
     config:        the model config (`model.config`); decides layer count and kinds.
     kv:            format of full-attention layers, e.g. "int8", "int4", "k8v4", "fp16";
                    None: `kvtax.formats.default_kv` (int8+hk+ck; int8+hk for a model that
-                   soft-caps attention logits).
+                   soft-caps attention logits). A name without `-g<N>` takes a group
+                   size dividing head_dim (`fit_head_dim`; `cache.specs` says which).
     sliding_kv:    format of sliding-window layers (default: `kv`).
     overrides:     layer index → format, applied last (e.g. `{0: "fp16"}`).
     max_cache_len: preallocate every full layer for this many tokens (prompt + new tokens)
@@ -109,7 +110,11 @@ class KVTaxCache(Cache):
         if kv is None:  # the default, without +ck where attention logits are soft-capped
             kv = default_kv(getattr(cfg, "attn_logit_softcapping", None))
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        for spec in {KVSpec.parse(s) for s in (kv, sliding_kv or kv, *(overrides or {}).values())}:
+        # names without a group size take one dividing head_dim (Phi-3's 96: int8-g32+hk+ck)
+        kv = fit_head_dim(kv, head_dim)
+        sliding_kv = fit_head_dim(sliding_kv, head_dim) if sliding_kv else None
+        overrides = {i: fit_head_dim(s, head_dim) for i, s in (overrides or {}).items()}
+        for spec in {kv, sliding_kv or kv, *overrides.values()}:
             spec.check(head_dim)  # fail here, not at the first forward
         caches = make_caches(
             windows,

@@ -10,27 +10,45 @@ keeps a zeroed counter per row between calls (the last program of a row sets it 
 one set per device and stream, so calls on one stream never share it with calls on
 another. On CPU the kernel runs only when
 Triton's interpreter built it (the tests); `sampling.sample` uses it where `runs_on`.
+Triton is imported on first use, so a CPU install without it still decodes (torch.argmax).
 """
 
 from __future__ import annotations
 
-import torch
-import triton
+import sys
+from functools import lru_cache
+from typing import Any
 
-from kvtax.models.kernels.argmax import _argmax_kernel
+import torch
 
 BLOCK = 1024  # columns per program per loop step (8 per lane at 4 warps)
 CHUNK = 2048  # columns per program: ~63 programs for Llama-3's 128,256
 MAX_PROGRAMS = 1024  # per row; wider rows take larger chunks
 _WORK: dict[tuple, tuple[torch.Tensor, ...]] = {}
+_KERNEL_MODULE = "kvtax.models.kernels.argmax"
+
+
+@lru_cache(maxsize=1)
+def _kernel() -> Any | None:
+    """The Triton kernel, or None where Triton cannot be imported (a CPU-only install)."""
+    try:
+        from kvtax.models.kernels.argmax import _argmax_kernel
+    except ImportError:
+        return None
+    return _argmax_kernel
 
 
 def _interpreting() -> bool:
-    return type(_argmax_kernel).__name__ == "InterpretedFunction"
+    return type(_kernel()).__name__ == "InterpretedFunction"
 
 
 def runs_on(device: torch.device) -> bool:
-    """Whether the kernel can run on tensors of `device` (CUDA, or CPU when interpreted)."""
+    """Whether the kernel can run on tensors of `device` (CUDA, or CPU when interpreted);
+    False everywhere when Triton is not installed."""
+    if device.type != "cuda" and _KERNEL_MODULE not in sys.modules:
+        return False  # CPU: only a kernel the interpreter built already runs (no import)
+    if _kernel() is None:
+        return False
     return device.type == "cuda" or _interpreting()
 
 
@@ -56,6 +74,9 @@ def argmax_rows(
                          f"{tuple(logits.shape)}")
     if logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"argmax_rows takes float logits, got {logits.dtype}")
+    if _kernel() is None:
+        raise ValueError("argmax_rows needs Triton (pip install triton); torch.argmax serves "
+                         "without it")
     if not runs_on(logits.device):
         raise ValueError("argmax_rows runs on CUDA tensors (on CPU only interpreted)")
     if logits.stride(1) != 1:
@@ -74,18 +95,22 @@ def argmax_rows(
             raise ValueError(f"advance must be (int64 [1], contiguous int32 [{b}]) on {dev}, "
                              f"got {pos.dtype} {tuple(pos.shape)}, {lengths.dtype} "
                              f"{tuple(lengths.shape)}")
-    chunk = max(CHUNK, triton.cdiv(triton.cdiv(v, MAX_PROGRAMS), BLOCK) * BLOCK)
-    n_prog = triton.cdiv(v, chunk)
+    chunk = max(CHUNK, _cdiv(_cdiv(v, MAX_PROGRAMS), BLOCK) * BLOCK)
+    n_prog = _cdiv(v, chunk)
     part_v, part_i, part_n, count = _workspace(logits.device, b, n_prog)
     if out is None:
         out = torch.empty(b, dtype=torch.int64, device=dev)
     pos, lengths = advance if advance is not None else (out, out)  # placeholders: unread
-    _argmax_kernel[(n_prog, b)](
+    _kernel()[(n_prog, b)](
         logits, part_v, part_i, part_n, count, out, pos, lengths, v, chunk, logits.stride(0),
-        n_prog, BLOCK=BLOCK, P_BLOCK=max(16, triton.next_power_of_2(n_prog)),
+        n_prog, BLOCK=BLOCK, P_BLOCK=max(16, 1 << (n_prog - 1).bit_length()),
         ADVANCE=advance is not None, num_warps=4,
     )
     return out.view(b, 1)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _workspace(device: torch.device, rows: int, n_prog: int) -> tuple[torch.Tensor, ...]:

@@ -35,7 +35,7 @@ import torch
 from kvtax.attention import attention
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.errors import CapacityError, OptionError
-from kvtax.formats import KVSpec, default_kv
+from kvtax.formats import KVSpec, default_kv, fit_head_dim
 from kvtax.formats.spec import centering_conflict
 from kvtax.models import argmax
 from kvtax.models.decoder import DecoderModel, gemv_blocker
@@ -71,7 +71,9 @@ class Runner:
 
     kv:         format of global layers ("fp16", "int8", "int4", "k8v4", ...; None:
                 `kvtax.formats.default_kv(...)`, int8 with Hadamard-rotated, centered
-                keys, not centered where the model soft-caps attention logits).
+                keys, not centered where the model soft-caps attention logits). A name
+                without `-g<N>` takes a group size dividing head_dim (`fit_head_dim`;
+                `runner.spec.name` says which: int8-g32+hk+ck at head_dim 96).
     sliding_kv: format of sliding-window layers (default: `kv`), e.g. "fp16".
     chunk_size: prefill chunk in tokens (bounds activation memory at long prompts).
     cuda_graph: None → on for CUDA models; False forces eager decode.
@@ -101,9 +103,13 @@ class Runner:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.model = model
         softcap = model.config.attn_softcap
-        self.spec = KVSpec.parse(default_kv(softcap) if kv is None else kv)
-        self.sliding_spec = KVSpec.parse(sliding_kv) if sliding_kv else None
-        self.overrides = overrides
+        hd = model.config.head_dim
+        assert hd is not None
+        # names without a group size take one dividing head_dim (Phi-3's 96: int8-g32+hk+ck)
+        self.spec = fit_head_dim(default_kv(softcap) if kv is None else kv, hd)
+        self.sliding_spec = fit_head_dim(sliding_kv, hd) if sliding_kv else None
+        self.overrides = None if overrides is None else {
+            i: fit_head_dim(s, hd) for i, s in overrides.items()}
         for s in (self.spec, self.sliding_spec, *(overrides or {}).values()):
             if s is not None:  # say so now, not at the first attention call
                 why = centering_conflict(KVSpec.parse(s), softcap)
@@ -120,7 +126,9 @@ class Runner:
                               "on a CUDA device with CUDA-graph decode on")
         self.compile = compile
         if fused_gemv is None:
-            fused_gemv = is_cuda and gemv_blocker(model.config) is None
+            # argmax.runs_on: Triton kernels run here (False on a CUDA install without Triton)
+            fused_gemv = is_cuda and gemv_blocker(model.config) is None and argmax.runs_on(
+                self.device)
         elif fused_gemv and gemv_blocker(model.config) is None:
             from kvtax.models.gemv import runs_on  # needs Triton: imported when asked for
 

@@ -22,7 +22,8 @@ float32: each value here is computed in float32 in the reference's order, and
 
 Format codes (constexpr), as in the attention kernels: 0 float (a cast), 1 int8 affine,
 2 int4 affine (split halves: byte j = code[j] | code[j + D/2] << 4), 3 fp8 e4m3 with one
-scale per row (codes written as their uint8 bit patterns).
+scale per row (codes written as their uint8 bit patterns), 4 fp8-pt (e4m3, scale 1.0
+per tensor: no scale array).
 """
 
 import triton
@@ -157,6 +158,16 @@ def _store_fp8(p_x, p_c, p_s, m_r, inv, HEAD_DIM: tl.constexpr, D_P: tl.constexp
 
 
 @triton.jit
+def _store_fp8_unit(p_x, p_c, m_r, HEAD_DIM: tl.constexpr, D_P: tl.constexpr):
+    """fp8-pt rows (one scale per tensor, 1.0): codes = e4m3(clamp(x, ±448)) as uint8."""
+    o_d = tl.arange(0, D_P)
+    m = m_r[:, None] & (o_d < HEAD_DIM)[None, :]
+    x = tl.load(p_x[:, None] + o_d[None, :], mask=m, other=0.0).to(tl.float32)  # [BLOCK_R, D_P]
+    v = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    tl.store(p_c[:, None] + o_d[None, :], _e4m3_bits(v), mask=m)
+
+
+@triton.jit
 def _store_float(p_x, p_c, m_r, HEAD_DIM: tl.constexpr, D_P: tl.constexpr, DT: tl.constexpr,
                  OUT: tl.constexpr):
     """Float rows: a cast from the model dtype DT to the storage dtype OUT."""
@@ -180,6 +191,8 @@ def _store_part(p_x, p_c, p_s, p_b, m_r, inv, FMT: tl.constexpr, GS: tl.constexp
         _store_float(p_x, p_c, m_r, HEAD_DIM, D_P, DT, OUT)
     elif FMT == 3:
         _store_fp8(p_x, p_c, p_s, m_r, inv, HEAD_DIM, D_P, DT, RECIP)
+    elif FMT == 4:
+        _store_fp8_unit(p_x, p_c, m_r, HEAD_DIM, D_P)
     else:
         _store_affine(p_x, p_c, p_s, p_b, m_r, inv, HEAD_DIM, GS, NG_P, HALF_P, BLOCK_R,
                       8 if FMT == 1 else 4, DT, RECIP)
