@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_generate_cli_streams_text_and_reports_costs(capsys) -> None:
-    code = main(["generate", "tiny-gemma3", "--prompt", "héllo wörld", "--kv", "int4",
+    code = main(["generate", "--model", "tiny-gemma3", "--prompt", "héllo wörld", "--kv", "int4",
                  "--sliding-kv", "fp16", "--max-tokens", "6", "--chunk-size", "4",
                  "--ignore-eos", "--temperature", "0.7", "--top-p", "0.9"])
     out = capsys.readouterr().out

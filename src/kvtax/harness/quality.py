@@ -26,6 +26,7 @@ import torch
 
 from kvtax.cache import FullCache, SlidingCache
 from kvtax.cache.hybrid import HybridCache
+from kvtax.errors import KVTaxError
 from kvtax.formats import KVSpec
 from kvtax.formats.hybrid import HybridSpec, parse_kv
 from kvtax.harness.quality_metrics import (
@@ -66,7 +67,11 @@ class QualityConfig:
         return asdict(self)
 
 
-class QualityInputError(ValueError):
+# What a quality config.json must hold to be resumed: the keys that define its cells.
+RESUME_KEYS = ("model", "contexts", "kvs", "baseline", "tail")
+
+
+class QualityInputError(KVTaxError, ValueError):
     """A quality run cannot start: bad contexts, tail, text or format. The message says why."""
 
 
@@ -247,7 +252,7 @@ def run_quality(
     """
     store = None
     if resume is not None:
-        store = RunStore.open(resume)
+        store = RunStore.open(resume, kind="quality", required=RESUME_KEYS)
         cfg = QualityConfig(**{k: v for k, v in store.config().items()
                                if k in QualityConfig.__dataclass_fields__})
     check_config(cfg)
