@@ -40,8 +40,15 @@ def version() -> str:
         return kvtax.__version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its error as one line (the usage is one --help away), exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kvtax",
         description="Quantized KV caches with fused attention, and the harness that "
         "measures whether they pay off.",
