@@ -78,11 +78,12 @@ def test_open_refuses_a_non_run_folder(tmp_path):
 
 
 @pytest.mark.parametrize("config, want", [
-    ({}, "names no run kind"),
+    ({}, "is empty"),
+    ({"model": "tiny", "contexts": [8]}, "names no run kind"),
     ({"kind": "quality", "contexts": [8]}, "is a kvtax quality run, not a bench run"),
     ({"kind": "bench", "run_schema": 99, "contexts": [8]}, "run schema 99"),
     ({"kind": "bench"}, "lacks contexts"),
-], ids=["empty", "foreign-kind", "newer-schema", "missing-field"])
+], ids=["empty", "no-kind", "foreign-kind", "newer-schema", "missing-field"])
 def test_open_for_resume_refuses_other_runs(tmp_path, config, want):
     """--resume once appended bench rows to a quality run and ran defaults over a {} config."""
     store = RunStore.create(tmp_path, "r", {})

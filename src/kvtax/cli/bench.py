@@ -220,7 +220,8 @@ def run(args: argparse.Namespace) -> int:
             if not torch.cuda.is_available():
                 raise OptionError("--device cuda but torch sees no CUDA device")
     cfg.allow_long_context = cfg.allow_long_context or args.allow_long_context
-    check_contexts(cfg.contexts, check_model(cfg.model), cfg.allow_long_context)
+    if cfg.level == "model" or _names_a_model(cfg.model):
+        check_contexts(cfg.contexts, check_model(cfg.model), cfg.allow_long_context)
     try:
         cfg.arms()
     except ValueError as exc:  # a format or path the user mistyped, a group size that misfits
@@ -231,6 +232,15 @@ def run(args: argparse.Namespace) -> int:
                       sys.argv[1:2] == ["bench"] else None)
     finish(store, cfg, report=not args.no_report)
     return report_outcome(store.rows(), "kvtax bench", "cells")
+
+
+def _names_a_model(name: str) -> bool:
+    """At attention level a plain word is only a label (--heads/--head-dim give the shape);
+    a built-in name, a path, a .gguf file or an org/name id must be a model that loads."""
+    from kvtax.models import CONFIG_NAMES
+
+    return (name.lower() in CONFIG_NAMES or "/" in name or name.startswith((".", "~"))
+            or name.lower().endswith(".gguf"))
 
 
 def finish(store: Any, cfg: Any, report: bool = True) -> Path | None:
