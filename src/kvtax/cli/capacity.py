@@ -14,7 +14,6 @@ Example (seed 001's reservation):
 from __future__ import annotations
 
 import argparse
-import sys
 
 from kvtax.cli.validate import at_least, size
 from kvtax.errors import OptionError
@@ -118,8 +117,8 @@ def _device_bytes(args: argparse.Namespace) -> int | None:
         import torch
 
         if not torch.cuda.is_available():
-            print("kvtax capacity: no CUDA device; use --device-memory", file=sys.stderr)
-            return None
+            raise OptionError(f"--device {args.device}: torch sees no CUDA device; give "
+                              "--device-memory instead")
         free, _total = torch.cuda.mem_get_info(torch.device(args.device))
         return int(free)
     return None
