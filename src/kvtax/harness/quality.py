@@ -14,7 +14,6 @@ layer's relative attention-output error on the run's own K/V (`quality_metrics`)
 
 from __future__ import annotations
 
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -309,7 +308,7 @@ def run_quality(
                 oom = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
                 row.update(status="oom" if oom else "error", phase="prefill",
                            error=f"{type(exc).__name__}: {exc}")
-                traceback.print_exc(file=sys.stderr)
+                row["traceback"] = traceback.format_exc()[-4000:]  # the row, not the terminal
             row["timestamp"] = utc_now()
             validate_row(row)
             if cell["cell_id"] not in done:
