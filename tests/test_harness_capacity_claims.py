@@ -14,7 +14,11 @@ def test_parse_size_units():
     assert cap.parse_size("13.37GiB") == int(13.37 * 2**30)
     assert cap.parse_size("16GB") == 16 * 10**9
     assert cap.parse_size("512 MiB") == 512 * 2**20
-    assert cap.parse_size("1e9") == 10**9
+    assert cap.parse_size("1e9B") == 10**9
+    assert cap.parse_size("0") == 0
+    for unitless in ("13.37", "1e9", "4096"):  # "13.37" was once 13 bytes, 0 tokens
+        with pytest.raises(ValueError, match="give a unit"):
+            cap.parse_size(unitless)
     with pytest.raises(ValueError):
         cap.parse_size("lots")
 

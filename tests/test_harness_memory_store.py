@@ -10,7 +10,7 @@ import torch
 from kvtax.harness import memory
 from kvtax.harness.plan import SweepConfig, plan_cells, resolve_kv
 from kvtax.harness.schema import SchemaError, base_row, make_cell_id, validate_row
-from kvtax.harness.store import RunStore, read_rows
+from kvtax.harness.store import RunFolderError, RunStore, read_rows
 
 MB = 1 << 20
 needs_clear_refs = pytest.mark.skipif(
@@ -71,8 +71,33 @@ def test_torn_last_line_is_skipped_then_cut_on_reopen(tmp_path):
 
 
 def test_open_refuses_a_non_run_folder(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(RunFolderError, match="not a run folder"):
         RunStore.open(tmp_path)
+    with pytest.raises(RunFolderError, match="does not exist"):
+        RunStore.open(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("config, want", [
+    ({}, "is empty"),
+    ({"model": "tiny", "contexts": [8]}, "names no run kind"),
+    ({"kind": "quality", "contexts": [8]}, "is a kvtax quality run, not a bench run"),
+    ({"kind": "bench", "run_schema": 99, "contexts": [8]}, "run schema 99"),
+    ({"kind": "bench"}, "lacks contexts"),
+], ids=["empty", "no-kind", "foreign-kind", "newer-schema", "missing-field"])
+def test_open_for_resume_refuses_other_runs(tmp_path, config, want):
+    """--resume once appended bench rows to a quality run and ran defaults over a {} config."""
+    store = RunStore.create(tmp_path, "r", {})
+    (store.path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RunFolderError, match=want):
+        RunStore.open(store.path, kind="bench", required=("contexts",))
+
+
+def test_open_for_resume_accepts_its_own_and_older_runs(tmp_path):
+    store = RunStore.create(tmp_path, "r", {"kind": "bench", "contexts": [8]})
+    assert RunStore.open(store.path, kind="bench", required=("contexts",)).path == store.path
+    old = {"kind": "bench", "contexts": [8]}  # written before config.json had run_schema
+    (store.path / "config.json").write_text(json.dumps(old))
+    assert RunStore.open(store.path, kind="bench", required=("contexts",)).path == store.path
 
 
 def test_plan_is_seeded_interleaved_and_warmups_first():

@@ -209,7 +209,7 @@ def test_cli_runs_and_rejects_bad_input(tmp_path, capsys) -> None:
     assert cli_main(["quality", "--model", "tiny", "--contexts", "48", "--tail", "8",
                      "--kv", "int5", "--out", str(tmp_path)]) == 2
     assert "unknown KV format" in capsys.readouterr().err
-    assert cli_main(["quality", "--model", "tiny", "--contexts", "4k",
+    assert cli_main(["quality", "--model", "tiny", "--contexts", "4q",
                      "--out", str(tmp_path)]) == 2
     assert cli_main(["quality", "--model", "/no/such/model", "--contexts", "48", "--tail", "8",
                      "--out", str(tmp_path)]) == 2

@@ -11,6 +11,7 @@ from kvtax.harness.recall_transcript import (
     build_prompts,
     default_filler_paragraphs,
     filler_paragraphs,
+    min_context,
     spread_depths,
 )
 
@@ -124,6 +125,19 @@ def test_too_short_context_says_how_long(paragraphs):
     tok = ByteTokenizer()
     with pytest.raises(ValueError, match="at least"):
         build_prompt(tok, FillerStream(tok, paragraphs), make_facts(8), spread_depths(8), 300, 0)
+
+
+@pytest.mark.parametrize("n_facts", [1, 4])
+def test_min_context_is_exactly_the_shortest_that_builds(paragraphs, n_facts):
+    """`kvtax recall --contexts 512 --facts 4` (its help's example) raised on every question;
+    the CLI now refuses it up front with this minimum, which must match build_prompts."""
+    tok = ByteTokenizer()
+    facts, depths = make_facts(n_facts), spread_depths(n_facts)
+    need = min_context(tok, facts)
+    prompts = build_prompts(tok, FillerStream(tok, paragraphs), facts, depths, need)
+    assert all(len(p.ids) == need for p in prompts)
+    with pytest.raises(ValueError, match=f"at least {need}"):
+        build_prompts(tok, FillerStream(tok, paragraphs), facts, depths, need - 1)
 
 
 def test_filler_is_prose_and_files_work(tmp_path, paragraphs):

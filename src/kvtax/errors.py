@@ -26,3 +26,7 @@ class CapacityError(KVTaxError, RuntimeError):
 class OptionError(KVTaxError, ValueError):
     """Options that cannot run together or on this device (e.g. a compiled CUDA-graph
     decode step on a CPU model)."""
+
+
+class ModelNotFoundError(KVTaxError, FileNotFoundError):
+    """A --model that is neither a built-in config, a model folder, a .gguf file nor a hub id."""

@@ -33,21 +33,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvtax.cli.options import add_allow_long
+from kvtax.errors import OptionError
+from kvtax.cli.validate import at_least, parse_contexts, size
+
 DEFAULT_CPU_CONTEXTS = "128,256,512,1024"
-
-
-def parse_contexts(text: str) -> list[int]:
-    """"4k,16k,128k" or "4096,16384" → [4096, 16384, ...] (k = 1024)."""
-    out = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        if not part:
-            continue
-        mult = 1024 if part.endswith("k") else 1
-        out.append(int(float(part.rstrip("k")) * mult))
-    if not out or min(out) <= 0:
-        raise argparse.ArgumentTypeError(f"contexts must be positive integers, got {text!r}")
-    return out
 
 
 def _csv(text: str) -> list[str]:
@@ -62,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="tiny",
-                   help="built-in config name, local HF folder or hub id (default tiny)")
+                   help="built-in config name, local HF folder, .gguf file or hub id "
+                        "(default tiny); its config is read before any cell is planned")
     p.add_argument("--level", choices=["model", "attention"], default="model",
                    help="whole decoder (default) or the attention op alone over one layer")
     p.add_argument("--contexts", type=parse_contexts, default=None,
@@ -74,12 +65,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    default=["fused", "fp16", "unfused", "dequant", "hf-quantized"],
                    help="attention paths (default all: fused,fp16,unfused,dequant,hf-quantized; "
                         "an arm that cannot run here gets rows with status unavailable)")
-    p.add_argument("--reps", type=int, default=3, help="repetitions per cell (default 3)")
-    p.add_argument("--warmup", type=int, default=1,
+    add_allow_long(p)
+    p.add_argument("--reps", type=at_least(1), default=3,
+                   help="repetitions per cell, >= 1 (default 3)")
+    p.add_argument("--warmup", type=at_least(0), default=1,
                    help="warm-up cells per arm, run first and excluded from statistics (default 1)")
-    p.add_argument("--decode-tokens", type=int, default=16,
+    p.add_argument("--decode-tokens", type=at_least(1), default=16,
                    help="timed decode steps per cell, EOS ignored (default 16)")
-    p.add_argument("--chunk-size", type=int, default=2048, help="prefill chunk (default 2048)")
+    p.add_argument("--chunk-size", type=at_least(1), default=2048,
+                   help="prefill chunk in tokens (default 2048)")
     p.add_argument("--phases", type=_csv, default=["prefill", "decode"],
                    help="prefill,decode (default both); 'decode' alone runs prefill unmeasured")
     p.add_argument("--presize", action="store_true",
@@ -95,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", default=None, help="run folder suffix (default bench-<model>)")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="finish an interrupted run: skips cells that already have a row")
-    p.add_argument("--timeout", type=float, default=None,
+    p.add_argument("--timeout", type=_positive_float, default=None,
                    help="seconds per cell before it is killed (row status timeout; default 600)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     p.add_argument("--dtype", default=None,
@@ -105,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         '[{"metric": "slope_ratio", "arm": "int8", "range": [1.8, 2.1]}]')
     p.add_argument("--cv-threshold", type=float, default=0.10,
                    help="robust CV above which a cell is flagged and left out of fits (0.10)")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=at_least(1), default=None,
                    help="torch threads per CPU cell (default 1: batch-1 ops are too small "
                         "to split and a thread pool adds noise)")
     p.add_argument("--worker", choices=["forkserver", "subprocess"], default="forkserver",
@@ -113,9 +107,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "or a new interpreter each time")
     p.add_argument("--heads", default="32/8",
                    help="attention level without a built-in model: query/KV heads (32/8)")
-    p.add_argument("--head-dim", type=int, default=128,
+    p.add_argument("--head-dim", type=at_least(1), default=128,
                    help="attention level without a built-in model: head dim (128)")
-    p.add_argument("--mem-limit", default=None,
+    p.add_argument("--mem-limit", type=size, default=None,
                    help="CPU only: cap each cell's address space this far above its start "
                         "(e.g. 2GiB) so a large allocation really fails (CUDA needs a huge "
                         "address space, so do not use it there)")
@@ -142,6 +136,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return x
+
+
 def _limits(text: str) -> dict[str, int]:
     """"unfused=64k,int4/dequant=32k" → {"unfused": 65536, "int4/dequant": 32768}."""
     out = {}
@@ -153,18 +157,28 @@ def _limits(text: str) -> dict[str, int]:
     return out
 
 
+def _claims(path: str) -> list[dict[str, Any]]:
+    try:
+        claims = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"--claims {path} is not valid JSON ({exc})") from None
+    if isinstance(claims, dict):
+        claims = claims.get("claims", [])
+    if not isinstance(claims, list):
+        raise OptionError(f"--claims {path} must hold a JSON list of claims")
+    return claims
+
+
 def _config(args: argparse.Namespace) -> Any:
     from kvtax.harness.plan import SweepConfig
 
     cuda = args.device.startswith("cuda")
     contexts = args.contexts or parse_contexts("4k,16k,32k,64k,128k" if cuda
                                                else DEFAULT_CPU_CONTEXTS)
-    claims: list[dict[str, Any]] = []
-    if args.claims:
-        claims = json.loads(Path(args.claims).read_text())
-        if isinstance(claims, dict):
-            claims = claims.get("claims", [])
+    claims = _claims(args.claims) if args.claims else []
     hq, _, hkv = args.heads.partition("/")
+    if not (hq.isdigit() and (hkv or hq).isdigit() and int(hq) > 0 and int(hkv or hq) > 0):
+        raise OptionError(f"--heads takes QUERY/KV head counts like 32/8, not {args.heads!r}")
     return SweepConfig(
         model=args.model, level=args.level, contexts=contexts, kvs=args.kv, paths=args.paths,
         reps=args.reps, warmup=args.warmup, decode_tokens=args.decode_tokens,
@@ -180,41 +194,54 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtax.harness.capacity import parse_size
+    """Validate everything (model config, contexts, arms) before the first cell, sweep, then
+    report; the exit status says whether the run's cells were measured (kvtax.cli.outcome)."""
+    from kvtax.cli.outcome import report_outcome
+    from kvtax.cli.validate import check_contexts, check_formats, check_model
+    from kvtax.harness.plan import SweepConfig
     from kvtax.harness.store import RunStore
-    from kvtax.harness.sweep import run_sweep
+    from kvtax.harness.sweep import RESUME_KEYS, run_sweep
 
     overrides: dict[str, Any] = {}
     if args.mem_limit:
-        overrides["mem_limit_bytes"] = parse_size(args.mem_limit)
+        overrides["mem_limit_bytes"] = args.mem_limit
     if args.force_oom:
         os.environ["KVTAX_FORCE_OOM"] = args.force_oom
     if args.resume:
-        from kvtax.harness.plan import SweepConfig
-
-        stored = SweepConfig.from_dict(RunStore.open(args.resume).config())
-        cfg = stored
+        stored = RunStore.open(args.resume, kind="bench", required=RESUME_KEYS).config()
+        cfg = SweepConfig.from_dict(stored)
         if args.timeout:
             cfg.timeout_s = args.timeout
     else:
         cfg = _config(args)
+        check_formats(cfg.kvs)
         if cfg.device.startswith("cuda"):
             import torch
 
             if not torch.cuda.is_available():
-                print("kvtax bench: --device cuda but torch sees no CUDA device", file=sys.stderr)
-                return 2
+                raise OptionError("--device cuda but torch sees no CUDA device")
+    cfg.allow_long_context = cfg.allow_long_context or args.allow_long_context
+    if cfg.level == "model" or _names_a_model(cfg.model):
+        check_contexts(cfg.contexts, check_model(cfg.model), cfg.allow_long_context)
     try:
         cfg.arms()
-    except Exception as exc:  # a format or path the user mistyped
-        print(f"kvtax bench: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:  # a format or path the user mistyped, a group size that misfits
+        raise OptionError(str(exc)) from None
     store = run_sweep(cfg, out=args.out, name=args.name, resume=args.resume,
                       cell_overrides=overrides, budget_s=args.budget_s,
                       command=shlex.join(["kvtax", "bench", *sys.argv[2:]]) if
                       sys.argv[1:2] == ["bench"] else None)
     finish(store, cfg, report=not args.no_report)
-    return 0
+    return report_outcome(store.rows(), "kvtax bench", "cells")
+
+
+def _names_a_model(name: str) -> bool:
+    """At attention level a plain word is only a label (--heads/--head-dim give the shape);
+    a built-in name, a path, a .gguf file or an org/name id must be a model that loads."""
+    from kvtax.models import CONFIG_NAMES
+
+    return (name.lower() in CONFIG_NAMES or "/" in name or name.startswith((".", "~"))
+            or name.lower().endswith(".gguf"))
 
 
 def finish(store: Any, cfg: Any, report: bool = True) -> Path | None:

@@ -17,7 +17,9 @@ fp16 tokens and 219,008 fp8 ones):
 from __future__ import annotations
 
 import argparse
-import sys
+
+from kvtax.cli.validate import at_least, size
+from kvtax.errors import OptionError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,61 +30,52 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", default="llama-3.1-8b",
-                   help="built-in config name or local HF folder (default llama-3.1-8b)")
-    p.add_argument("--reserve", default=None,
-                   help="KV memory reservation, e.g. 13.37GiB (GiB = 2^30, GB = 10^9)")
+                   help="built-in config name, local HF folder, .gguf file or hub id (only its "
+                        "config is read; default llama-3.1-8b)")
+    p.add_argument("--reserve", type=size, default=None,
+                   help="KV memory reservation with its unit, e.g. 13.37GiB (GiB = 2^30, "
+                        "GB = 10^9, B = bytes; a bare number is refused)")
     p.add_argument("--kv", default="fp16,int8,int4,fp8,fp8-pt",
                    help="formats to compare (default fp16,int8,int4,fp8,fp8-pt)")
     p.add_argument("--sliding-kv", default=None,
                    help="format of sliding-window layers (default: same as --kv)")
     p.add_argument("--dtype", default="bfloat16",
                    help="model dtype: scales are stored in it, weights too (default bfloat16)")
-    p.add_argument("--device-memory", default=None,
+    p.add_argument("--device-memory", type=size, default=None,
                    help="device memory for the longest-context column, e.g. 141GiB")
     p.add_argument("--device", default=None,
                    help="read free memory from this CUDA device instead (e.g. cuda)")
-    p.add_argument("--overhead", default="0",
-                   help="memory kept for activations/workspace beside weights (default 0)")
-    p.add_argument("--batch", type=int, default=1, help="sequences sharing the memory (1)")
+    p.add_argument("--overhead", type=size, default=0,
+                   help="memory kept for activations/workspace beside weights, e.g. 2GiB "
+                        "(default 0)")
+    p.add_argument("--batch", type=at_least(1), default=1, help="sequences sharing the memory (1)")
     p.add_argument("--from-run", metavar="RUN_DIR", default=None,
                    help="use bytes per token measured in a bench run instead of the config")
     p.set_defaults(func=run)
 
 
-def _model_config(name: str):  # noqa: ANN202
-    import json
-    from pathlib import Path
-
-    from kvtax.models import ModelConfig, get_config
-
-    try:
-        return get_config(name)
-    except KeyError:
-        p = Path(name).expanduser() / "config.json"
-        if p.exists():
-            return ModelConfig.from_hf(json.loads(p.read_text()))
-        raise
-
-
 def run(args: argparse.Namespace) -> int:
+    from kvtax.cli.validate import check_formats, check_model
     from kvtax.harness import capacity as cap
     from kvtax.harness.cells import torch_dtype
     from kvtax.harness.plan import resolve_kv
 
     if not args.reserve and not args.device_memory and not args.device:
-        print("kvtax capacity: give --reserve and/or --device-memory (or --device cuda)",
-              file=sys.stderr)
-        return 2
-    reserve = cap.parse_size(args.reserve) if args.reserve else None
-    overhead = cap.parse_size(args.overhead)
+        raise OptionError("give --reserve and/or --device-memory (or --device cuda)")
+    reserve, overhead = args.reserve, args.overhead
     if args.from_run:
         return _from_run(args.from_run, reserve)
+    names = [s.strip() for s in args.kv.split(",") if s.strip()]
+    check_formats(names)
+    if args.sliding_kv:
+        check_formats([args.sliding_kv], "--sliding-kv")
     try:
-        cfg = _model_config(args.model)
-    except KeyError as exc:
-        print(f"kvtax capacity: {exc}", file=sys.stderr)
-        return 2
-    dtype = torch_dtype(args.dtype)
+        dtype = torch_dtype(args.dtype)
+    except ValueError as exc:
+        raise OptionError(f"--dtype: {exc}") from None
+    cfg = check_model(args.model)
+    specs = [resolve_kv(name, cfg.head_dim) for name in names]  # group sizes fit head_dim
+    sliding = resolve_kv(args.sliding_kv, cfg.head_dim) if args.sliding_kv else None
     itemsize = 2 if dtype != torch_dtype("float32") else 4
     weights = cfg.weight_params() * itemsize
     device_bytes = _device_bytes(args)
@@ -97,9 +90,7 @@ def run(args: argparse.Namespace) -> int:
         head += f"{'longest context':>17}"
     print(head)
     first = None
-    for name in [s.strip() for s in args.kv.split(",") if s.strip()]:
-        spec = resolve_kv(name, cfg.head_dim)
-        sliding = resolve_kv(args.sliding_kv, cfg.head_dim) if args.sliding_kv else None
+    for spec in specs:
         lay = cap.kv_layout(cfg, spec, dtype, sliding)
         codes, scales, biases = cap.token_parts(cfg, spec, dtype, sliding)
         line = f"{spec.name:<10}{lay.per_token:>13,}{codes:>9,}{scales:>8,}{biases:>8,}"
@@ -124,16 +115,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _device_bytes(args: argparse.Namespace) -> int | None:
-    from kvtax.harness import capacity as cap
-
     if args.device_memory:
-        return cap.parse_size(args.device_memory)
+        return int(args.device_memory)
     if args.device:
         import torch
 
         if not torch.cuda.is_available():
-            print("kvtax capacity: no CUDA device; use --device-memory", file=sys.stderr)
-            return None
+            raise OptionError(f"--device {args.device}: torch sees no CUDA device; give "
+                              "--device-memory instead")
         free, _total = torch.cuda.mem_get_info(torch.device(args.device))
         return int(free)
     return None
@@ -143,10 +132,13 @@ def _from_run(run_dir: str, reserve: int | None) -> int:
     from kvtax.harness import capacity as cap
     from kvtax.harness.store import read_rows
 
+    from pathlib import Path
+
+    if not (Path(run_dir) / "rows.jsonl").is_file():
+        raise OptionError(f"--from-run {run_dir} is not a run folder (no rows.jsonl)")
     per = cap.measured_bytes_per_token(read_rows(run_dir))
     if not per:
-        print(f"kvtax capacity: no ok rows with cache bytes in {run_dir}", file=sys.stderr)
-        return 2
+        raise OptionError(f"--from-run {run_dir} has no ok rows with cache bytes")
     print(f"measured resident KV bytes per token in {run_dir} (largest context per arm)")
     for arm, b in sorted(per.items()):
         line = f"  {arm:<18}{b:>12,.1f} B/token"

@@ -13,6 +13,9 @@ import torch
 
 from kvtax.attention import attention
 from kvtax.cache import FullCache
+from kvtax.cli.options import add_threads
+from kvtax.cli.validate import at_least
+from kvtax.errors import OptionError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,21 +25,41 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--context", type=int, default=4096, help="cached tokens (default 4096)")
-    p.add_argument("--queries", type=int, default=16, help="query rows at the end (default 16)")
-    p.add_argument("--heads", default="32/8", help="query/KV heads (default 32/8)")
-    p.add_argument("--head-dim", type=int, default=128, help="head dim (default 128)")
+    p.add_argument("--context", type=at_least(1), default=4096,
+                   help="cached tokens (default 4096)")
+    p.add_argument("--queries", type=at_least(1), default=16,
+                   help="query rows at the end (default 16)")
+    p.add_argument("--heads", default="32/8",
+                   help="query/KV heads, query a multiple of KV (default 32/8)")
+    p.add_argument("--head-dim", type=at_least(1), default=128, help="head dim (default 128)")
     p.add_argument(
         "--formats",
         default="fp16,int8,int4,fp8,k8v4",
         help="comma-separated KV formats (default fp16,int8,int4,fp8,k8v4)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random K/V/q seed (default 0)")
+    add_threads(p)
     p.set_defaults(func=run)
 
 
+def _heads(text: str) -> tuple[int, int]:
+    hq, sep, hkv = text.partition("/")
+    if not (sep and hq.isdigit() and hkv.isdigit() and int(hkv) > 0 and int(hq) % int(hkv) == 0):
+        raise OptionError(f"--heads takes QUERY/KV head counts like 32/8 (query a multiple of "
+                          f"KV), not {text!r}")
+    return int(hq), int(hkv)
+
+
 def run(args: argparse.Namespace) -> int:
-    hq, hkv = (int(x) for x in args.heads.split("/"))
+    from kvtax.cli.validate import check_formats, set_threads
+    from kvtax.harness.plan import resolve_kv
+
+    hq, hkv = _heads(args.heads)
+    names = [n.strip() for n in args.formats.split(",") if n.strip()]
+    check_formats(names, "--formats")
+    # Default group sizes fitted to head_dim; an explicit misfit is refused before the header.
+    specs = [resolve_kv(name, args.head_dim) for name in names]
+    set_threads(args.threads)
     g = torch.Generator().manual_seed(args.seed)
     shape = (1, hkv, args.context, args.head_dim)
     k = torch.randn(shape, generator=g)
@@ -49,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"context {args.context}, heads {hq}/{hkv}, head_dim {args.head_dim}, "
           f"{args.queries} query rows; error vs fp16-KV attention")
     print(f"{'format':<10}{'bytes':>12}{'vs fp16':>9}{'max abs err':>13}{'rel rms err':>13}")
-    for name in args.formats.split(","):
-        cache = FullCache(name.strip(), capacity=args.context)
+    for spec in specs:
+        cache = FullCache(spec, capacity=args.context)
         out = _run(cache, k, v, q)
         fp16_bytes = 2 * 2 * k.numel()
         err = (out.float() - ref.float())

@@ -1,9 +1,15 @@
 """`kvtax generate`: run a model over a quantized KV cache, stream the text, print the costs.
 
-The model is a built-in config name (random weights, byte tokenizer: runs offline in
-seconds; the text is noise), a Hugging Face checkpoint folder, or a hub id. After the text
-it prints time to first token, prefill and decode tokens/s, peak memory (CUDA: peak
-allocated; CPU: process peak RSS) and the KV cache's resident bytes.
+--model is a built-in config name (random weights, byte tokenizer: runs offline in
+seconds; the text is noise), a Hugging Face checkpoint folder, a .gguf file (converted once
+to a cached folder) or a hub id. After the text it prints time to first token, prefill and
+decode tokens/s, peak memory (CUDA: peak allocated; CPU: process peak RSS) and the KV
+cache's resident bytes.
+
+Examples:
+  kvtax generate --model tiny --max-tokens 16
+  kvtax generate --model SmolLM2-135M-Instruct.Q4_1.gguf --chat --threads 1 \\
+      --prompt "What is a KV cache?"
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ from pathlib import Path
 
 import torch
 
+from kvtax.cli.options import add_allow_long, add_threads
+from kvtax.cli.validate import at_least
+from kvtax.errors import OptionError
 from kvtax.formats import DEFAULT_KV
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -26,9 +35,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", nargs="?", default="tiny",
-                   help="built-in config (tiny, llama-3.1-8b, ...), HF folder or hub id "
-                        "(default tiny)")
+    p.add_argument("--model", default=None,
+                   help="built-in config (tiny, llama-3.1-8b, ...), HF folder, .gguf file or "
+                        "hub id (default tiny)")
+    # The model as a positional word: accepted for one release, with a notice on stderr.
+    p.add_argument("model_word", nargs="?", default=None, help=argparse.SUPPRESS)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="The key-value cache", help="prompt text")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
@@ -37,8 +48,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "model that soft-caps attention logits: see docs/QUALITY.md)")
     p.add_argument("--sliding-kv", default=None,
                    help="format of sliding-window layers, e.g. fp16 (default: same as --kv)")
-    p.add_argument("--max-tokens", type=int, default=64, help="new tokens at most (default 64)")
-    p.add_argument("--chunk-size", type=int, default=2048,
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as one user message in the tokenizer's chat template "
+                        "(with the assistant's generation prompt)")
+    p.add_argument("--max-tokens", type=at_least(1), default=64,
+                   help="new tokens at most (default 64)")
+    add_allow_long(p)
+    p.add_argument("--chunk-size", type=at_least(1), default=2048,
                    help="prefill chunk in tokens (default 2048)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0)")
@@ -54,19 +70,55 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
                    help="weight dtype (default bf16 on CUDA, fp32 on CPU)")
+    add_threads(p)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvtax.models import Runner, load_model, load_tokenizer
+def _model(args: argparse.Namespace) -> str:
+    """--model, or the deprecated positional model word (with a notice)."""
+    if args.model_word is not None:
+        if args.model is not None and args.model != args.model_word:
+            raise OptionError(f"two models given: --model {args.model} and {args.model_word}")
+        print(f"kvtax generate: the positional model is deprecated; use --model "
+              f"{args.model_word}", file=sys.stderr)
+        return args.model_word
+    return args.model or "tiny"
 
+
+def _prompt_ids(tok, prompt: str, chat: bool) -> list[int]:  # noqa: ANN001
+    """The prompt's ids; with `chat`, rendered through the tokenizer's chat template."""
+    if not chat:
+        return tok.encode(prompt)
+    hf = getattr(tok, "tok", None)
+    if hf is None or not getattr(hf, "chat_template", None):
+        raise OptionError("--chat: this model's tokenizer has no chat template")
+    text = hf.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                  add_generation_prompt=True)
+    return list(hf.encode(text, add_special_tokens=False))  # the template holds BOS
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvtax.cli.validate import check_formats, set_threads
+    from kvtax.models import Runner, load_model, load_tokenizer, locate
+
+    model_name = _model(args)
+    locate(model_name)  # a missing model: one line, before anything prints
+    for option, value in (("--kv", args.kv), ("--sliding-kv", args.sliding_kv)):
+        if value is not None:
+            check_formats([value], option)
+    set_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = _DTYPES[args.dtype or ("bf16" if device.startswith("cuda") else "fp32")]
     prompt = args.prompt_file.read_text() if args.prompt_file else args.prompt
-    print(f"loading {args.model} ({dtype}, {device})", file=sys.stderr)
-    model = load_model(args.model, dtype=dtype, device=device, seed=args.seed)
+    print(f"loading {model_name} ({dtype}, {device})", file=sys.stderr)
+    model = load_model(model_name, dtype=dtype, device=device, seed=args.seed)
     tok = load_tokenizer(model)
-    ids = tok.encode(prompt)
+    ids = _prompt_ids(tok, prompt, args.chat)
+    limit = model.config.max_position_embeddings
+    if len(ids) + args.max_tokens > limit and not args.allow_long_context:
+        raise OptionError(f"prompt {len(ids)} + --max-tokens {args.max_tokens} tokens is past "
+                          f"the model's maximum of {limit} positions; pass "
+                          "--allow-long-context to run past it")
     runner = Runner(
         model, kv=args.kv, sliding_kv=args.sliding_kv, chunk_size=args.chunk_size,
         cuda_graph=False if args.no_cuda_graph else None, compile=args.compile,

@@ -25,3 +25,18 @@ def add_run_folder(p: argparse.ArgumentParser, name: str, unit: str) -> None:
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help=f"continue a run folder: {unit} with a row are skipped")
     p.add_argument("--no-report", action="store_true", help="skip report.md at the end")
+
+
+def add_threads(p: argparse.ArgumentParser, default: str = "torch's choice: all cores") -> None:
+    """--threads: torch intra-op threads for this command's CPU work."""
+    from kvtax.cli.validate import at_least
+
+    p.add_argument("--threads", type=at_least(1), default=None,
+                   help=f"torch CPU threads (default {default}; on a shared machine a pool "
+                        "of all cores adds more noise than speed)")
+
+
+def add_allow_long(p: argparse.ArgumentParser) -> None:
+    """--allow-long-context: run contexts past the model's trained maximum positions."""
+    p.add_argument("--allow-long-context", action="store_true",
+                   help="run contexts past the model's maximum positions (refused otherwise)")

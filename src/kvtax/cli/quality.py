@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 
-from kvtax.cli.options import add_model_dtype, add_run_folder
+from kvtax.cli.options import add_allow_long, add_model_dtype, add_run_folder, add_threads
+from kvtax.cli.validate import at_least
+from kvtax.errors import OptionError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,12 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="built-in config name (random weights), HF folder, .gguf file or hub id "
                         "(default tiny)")
     p.add_argument("--contexts", default="512,2048",
-                   help="comma-separated context lengths in tokens (default 512,2048)")
+                   help="comma-separated context lengths in tokens, k = 1024 (default 512,2048)")
+    add_allow_long(p)
     p.add_argument("--kv", default="int8,int8+hk,int4,int4+hk",
                    help="comma-separated KV formats compared with the baseline (default "
                         "int8,int8+hk,int4,int4+hk); `FMT/L0:fp16/L8:int8` keeps the "
                         "listed layers in another format")
-    p.add_argument("--tail", type=int, default=128,
+    p.add_argument("--tail", type=at_least(1), default=128,
                    help="scored positions: the last N of each context (default 128)")
     p.add_argument("--text", default=None,
                    help="text file to score (default: the prose of CPython's "
@@ -63,11 +65,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     # int8+hk+ck at 32k: 1.7e-3 bf16 vs 5.1e-4 float32, docs/QUALITY.md session 5).
     add_model_dtype(p, cuda_default="float32",
                     why="; a bf16 model inflates KL 2-4x, see docs/QUALITY.md")
-    p.add_argument("--chunk-size", type=int, default=256,
+    p.add_argument("--chunk-size", type=at_least(1), default=256,
                    help="prefill chunk in tokens; logits of a whole chunk are held at once "
                         "(default 256)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: torch's choice)")
+    add_threads(p)
     add_run_folder(p, "quality", "cells")
     p.set_defaults(func=run)
 
@@ -83,21 +84,38 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
     return shlex.join(words)
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
+def _check(args: argparse.Namespace) -> list[int]:
+    """Contexts, formats and model, refused before a model loads; [] on --resume."""
+    from kvtax.cli.validate import check_contexts, check_formats, check_model, parse_contexts
+    from kvtax.harness.quality import RESUME_KEYS
+    from kvtax.harness.store import RunStore
 
-    from kvtax.errors import FormatError
-    from kvtax.harness.quality import QualityConfig, QualityInputError, run_quality
+    if args.resume:
+        stored = RunStore.open(args.resume, kind="quality", required=RESUME_KEYS).config()
+        check_model(stored["model"])
+        return []
+    try:
+        contexts = parse_contexts(args.contexts)
+    except argparse.ArgumentTypeError as exc:
+        raise OptionError(f"--contexts: {exc}") from None
+    kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
+    check_formats([k.split("/")[0] for k in kvs], hybrid=True)
+    check_formats([args.baseline], "--baseline")
+    # +1: each context scores the token after it.
+    check_contexts([c + 1 for c in contexts], check_model(args.model), args.allow_long_context)
+    return contexts
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, score every context x format; exit status per kvtax.cli.outcome."""
+    from kvtax.cli.outcome import report_outcome
+    from kvtax.cli.validate import set_threads
+    from kvtax.harness.quality import QualityConfig, run_quality
     from kvtax.harness.quality_report import quality_text_table
     from kvtax.harness.store import read_rows
 
-    if args.threads is not None:
-        torch.set_num_threads(max(1, args.threads))
-    try:
-        contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
-    except ValueError:
-        print(f"--contexts takes integers like 512,2048, not {args.contexts!r}", file=sys.stderr)
-        return 2
+    contexts = _check(args)
+    set_threads(args.threads)
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
     dtype = args.dtype or "float32"
     cfg = QualityConfig(
@@ -105,16 +123,13 @@ def run(args: argparse.Namespace) -> int:
         baseline=args.baseline, sliding_kv=args.sliding_kv, device=args.device, dtype=dtype,
         chunk_size=args.chunk_size, command=_command(args, dtype),
     )
-    try:
-        run_dir = run_quality(cfg, args.out, name=args.name, resume=args.resume)
-    except (QualityInputError, FormatError, FileNotFoundError) as exc:
-        print(f"kvtax quality: {exc}", file=sys.stderr)
-        return 2
+    run_dir = run_quality(cfg, args.out, name=args.name, resume=args.resume)
+    rows = read_rows(run_dir)
     print()
-    print(quality_text_table(read_rows(run_dir)))
+    print(quality_text_table(rows))
     if not args.no_report:
         from kvtax.harness.report import write_report
 
         print(f"report: {write_report(run_dir)}")
     print(f"run folder: {run_dir}")
-    return 0
+    return report_outcome(rows, "kvtax quality", "cells")

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
+from pathlib import Path
 
-from kvtax.cli.options import add_model_dtype, add_run_folder
+from kvtax.cli.options import add_allow_long, add_model_dtype, add_run_folder, add_threads
+from kvtax.cli.validate import at_least
+from kvtax.errors import OptionError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="built-in config name (random weights), HF folder, .gguf file or hub id "
                         "(default tiny)")
     p.add_argument("--contexts", default="1024,2048",
-                   help="comma-separated prompt lengths in tokens, exact (default 1024,2048)")
+                   help="comma-separated prompt lengths in tokens, exact, k = 1024 (default "
+                        "1024,2048); one too short for the frame and facts is refused with "
+                        "the minimum")
+    add_allow_long(p)
     p.add_argument("--kv", default="fp16,int8,int4",
                    help="comma-separated arms, FORMAT[/PATH]; the unquantized one runs first. "
                         "kvtax engine: formats on the fused path. hf engine: 'native' is "
@@ -42,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "FORMAT/hf-quantized is transformers' QuantizedCache. kvtax engine "
                         "also: hybrid specs (int4-g32+hk+ck@s4r128: fp16 sinks/recent) and "
                         "per-layer formats (int8+hk+ck/L0:fp16) (default fp16,int8,int4)")
-    p.add_argument("--facts", type=int, default=8, help="facts planted per prompt (default 8)")
+    p.add_argument("--facts", type=at_least(1), default=8, help="facts planted per prompt (default 8)")
     p.add_argument("--seed", type=int, default=0, help="fact values and subjects (default 0)")
     p.add_argument("--filler", default=None,
                    help="text file of filler paragraphs (default: the prose of CPython's "
@@ -51,14 +56,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="kvtax runner (every KV format) or transformers' own cache "
                         "(unquantized only); auto: kvtax when it can load the model")
     add_model_dtype(p)
-    p.add_argument("--chunk-size", type=int, default=2048, help="prefill chunk in tokens "
+    p.add_argument("--chunk-size", type=at_least(1), default=2048, help="prefill chunk in tokens "
                    "(default 2048)")
     p.add_argument("--sliding-kv", default=None,
                    help="KV format of sliding-window layers (default: the arm's format)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--max-new-tokens", type=at_least(1), default=None,
                    help="generation budget per answer (default: the fact's sentence + 8 tokens)")
     p.add_argument("--no-chat", action="store_true",
                    help="do not apply the chat template (base models: 'Answer:' prompt)")
+    add_threads(p)
     add_run_folder(p, "recall", "questions")
     p.set_defaults(func=run)
 
@@ -78,33 +84,48 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
     return shlex.join(words)
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Everything that can be refused before a model loads or a run folder is made."""
+    from kvtax.cli.validate import check_contexts, check_formats, check_model, parse_contexts
+    from kvtax.harness.recall import RESUME_KEYS
+    from kvtax.harness.store import RunStore
+
+    if args.resume:
+        stored = RunStore.open(args.resume, kind="recall", required=RESUME_KEYS).config()
+        check_model(stored["model"])
+        return
+    try:
+        contexts = parse_contexts(args.contexts)
+    except argparse.ArgumentTypeError as exc:
+        raise OptionError(f"--contexts: {exc}") from None
+    args.contexts = ",".join(str(c) for c in contexts)  # the hybrid path reads plain ints
+    kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
+    check_formats([k.split("/")[0] for k in kvs], allow=("native",), hybrid=True)
+    if args.filler is not None and not Path(args.filler).is_file():
+        raise OptionError(f"--filler {args.filler}: no such file")
+    check_contexts(contexts, check_model(args.model), args.allow_long_context)
+
+
 def run(args: argparse.Namespace) -> int:
+    """Validate, ask every question, print the grid; exit status per kvtax.cli.outcome."""
+    from kvtax.cli.outcome import report_outcome
+    from kvtax.cli.validate import set_threads
     from kvtax.harness.recall import RecallConfig, run_recall
     from kvtax.harness.report_data import recall_tables
     from kvtax.harness.store import read_rows
 
-    try:
-        contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
-    except ValueError:
-        print(f"--contexts takes integers like 1024,2048, not {args.contexts!r}", file=sys.stderr)
-        return 2
+    _check(args)
+    set_threads(args.threads)
+    contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
     if not args.resume:
         from kvtax.harness.hybrid_runner import needs_hybrid, run_hybrid_recall
 
         if any(needs_hybrid(kv) for kv in kvs):  # fp16 sinks/recent, per-layer formats
             if args.engine == "hf":
-                print("kvtax recall: hybrid specs (@s<S>r<R>) and per-layer formats "
-                      "(/L<i>:<format>) need the kvtax engine, not --engine hf",
-                      file=sys.stderr)
-                return 2
+                raise OptionError("hybrid specs (@s<S>r<R>) and per-layer formats "
+                                  "(/L<i>:<format>) need the kvtax engine, not --engine hf")
             return run_hybrid_recall(args)
-    if args.kv and not args.resume:
-        from kvtax.formats import KVSpec
-
-        for kv in kvs:
-            if kv != "native":
-                KVSpec.parse(kv.split("/")[0])  # FormatError lists valid names
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     cfg = RecallConfig(
         model=args.model, contexts=contexts, kvs=kvs, facts=args.facts, seed=args.seed,
@@ -126,4 +147,4 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"report: {write_report(run_dir)}")
     print(f"run folder: {run_dir}")
-    return 0
+    return report_outcome(read_rows(run_dir), "kvtax recall", "questions")

@@ -13,6 +13,9 @@ figures go to RUN_DIR/figures/, the numbers to RUN_DIR/analysis.json.
 Two runs: RUN_DIR/compare-<B>.md puts the cells both measured side by side, ratio B / A
 (e.g. two machines, or two commits on one machine).
 
+The report is written whatever the rows hold; the exit status is 1 when RUN_DIR has no
+measured row (every cell failed), so a script cannot mistake a failure table for results.
+
 Examples:
   kvtax report runs/20260101T000000Z-sweep
   kvtax report runs/20260101T000000Z-sweep --price-per-hour 2.49
@@ -23,8 +26,9 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from kvtax.errors import OptionError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,18 +54,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvtax.cli.outcome import ALL_FAILED, OK, report_outcome
     from kvtax.harness.report import write_report
+    from kvtax.harness.store import read_rows
 
     for d in filter(None, (args.run_dir, args.compare, *args.quality, *args.recall)):
         if not (Path(d) / "rows.jsonl").exists():
-            print(f"{d} is not a run folder (no rows.jsonl); pass the folder `kvtax bench` "
-                  "or `kvtax recall` printed", file=sys.stderr)
-            return 2
+            raise OptionError(f"{d} is not a run folder (no rows.jsonl); pass the folder "
+                              "`kvtax bench`, `recall`, `quality` or `roofline` printed")
     if args.price_per_hour is not None and args.price_per_hour < 0:
-        print("--price-per-hour must be >= 0", file=sys.stderr)
-        return 2
+        raise OptionError("--price-per-hour must be >= 0")
     out = write_report(Path(args.run_dir), Path(args.compare) if args.compare else None,
                        args.price_per_hour,
                        links=[Path(d) for d in (*args.quality, *args.recall)])
     print(f"report: {out}")
-    return 0
+    code = report_outcome(read_rows(args.run_dir), f"kvtax report: {args.run_dir}", "rows")
+    return ALL_FAILED if code == ALL_FAILED else OK

@@ -18,6 +18,10 @@ import argparse
 import sys
 from typing import Any
 
+from kvtax.cli.options import add_allow_long, add_threads
+from kvtax.cli.validate import at_least, parse_contexts, size
+from kvtax.errors import OptionError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -28,17 +32,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     p.add_argument("--model", default="llama-3.1-8b",
-                   help="built-in config whose layer shape to use (default llama-3.1-8b)")
-    p.add_argument("--contexts", default=None,
+                   help="model whose layer shape to use: built-in config, HF folder, .gguf "
+                        "file or hub id (only its config is read; default llama-3.1-8b)")
+    p.add_argument("--contexts", type=parse_contexts, default=None,
                    help="cache lengths, k = 1024 (default 4k,16k,64k,128k CUDA; 1k,4k,16k CPU)")
+    add_allow_long(p)
     p.add_argument("--kv", default="fp16,int8,int4", help="formats (default fp16,int8,int4)")
     p.add_argument("--paths", default="fused,fp16,unfused,dequant",
                    help="attention paths (default fused,fp16,unfused,dequant)")
     p.add_argument("--dtype", default=None, help="bfloat16 (CUDA default) or float32 (CPU)")
-    p.add_argument("--iters", type=int, default=20, help="timed calls per measurement (20)")
-    p.add_argument("--stream-bytes", default=None,
+    p.add_argument("--iters", type=at_least(1), default=20, help="timed calls per measurement (20)")
+    p.add_argument("--stream-bytes", type=size, default=None,
                    help="buffer for the bandwidth test (default 2GiB CUDA, 256MiB CPU)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default all)")
+    add_threads(p)
     p.add_argument("--out", default="runs", help="parent folder of run folders (default runs)")
     p.add_argument("--name", default="roofline", help="run folder suffix (default roofline)")
     p.set_defaults(func=run)
@@ -47,31 +53,39 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from kvtax.cli.bench import parse_contexts
+    from kvtax.cli.validate import check_contexts, check_formats, check_model, set_threads
     from kvtax.harness import roofline as rf
-    from kvtax.harness.capacity import parse_size
     from kvtax.harness.cells import torch_dtype
     from kvtax.harness.plan import model_shape, resolve_kv
-    from kvtax.harness.schema import make_cell_id, utc_now
+    from kvtax.harness.schema import PATHS, make_cell_id, utc_now
     from kvtax.harness.store import RunStore, environment
     from kvtax.harness.worker import is_oom
 
     dev_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(dev_name)
+    try:
+        device = torch.device(dev_name)
+    except RuntimeError as exc:
+        raise OptionError(f"--device {dev_name}: {exc}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("kvtax roofline: no CUDA device", file=sys.stderr)
-        return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
+        raise OptionError("--device cuda but torch sees no CUDA device")
+    set_threads(args.threads)
     cuda = device.type == "cuda"
-    dtype = torch_dtype(args.dtype or ("bfloat16" if cuda else "float32"))
-    contexts = parse_contexts(args.contexts or ("4k,16k,64k,128k" if cuda else "1k,4k,16k"))
-    shape = model_shape(args.model)
-    if shape is None:
-        print(f"kvtax roofline: unknown model {args.model!r}", file=sys.stderr)
-        return 2
-    kvs = [resolve_kv(k.strip(), shape[2]).name for k in args.kv.split(",") if k.strip()]
+    try:
+        dtype = torch_dtype(args.dtype or ("bfloat16" if cuda else "float32"))
+    except ValueError as exc:
+        raise OptionError(f"--dtype: {exc}") from None
+    contexts = args.contexts or parse_contexts("4k,16k,64k,128k" if cuda else "1k,4k,16k")
+    names = [k.strip() for k in args.kv.split(",") if k.strip()]
+    check_formats(names)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    unknown = [p for p in paths if p not in PATHS]
+    if unknown or not paths:
+        raise OptionError(f"--paths {args.paths}: choose from {', '.join(PATHS)}")
+    model_cfg = check_model(args.model)
+    check_contexts(contexts, model_cfg, args.allow_long_context)
+    shape = model_shape(args.model)
+    assert shape is not None  # check_model found it
+    kvs = [resolve_kv(k, shape[2]).name for k in names]
     config = {"kind": "roofline", "model": args.model, "device": dev_name, "dtype": str(dtype),
               "contexts": contexts, "kvs": kvs, "paths": paths, "iters": args.iters,
               "layer_shape": list(shape), "argv": sys.argv}
@@ -101,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         seq[0] += 1
         return row
 
-    nbytes = parse_size(args.stream_bytes) if args.stream_bytes else None
+    nbytes = args.stream_bytes
     bw = rf.stream_bandwidth(device, nbytes, iters=args.iters)
     peak_gbs = max(bw["read"], bw["copy"])
     emit({"achieved_gbs": bw["read"], "peak_gbs": peak_gbs, "bytes_moved": int(bw["bytes"]),
@@ -141,4 +155,6 @@ def run(args: argparse.Namespace) -> int:
                       f"{m['achieved_gbs']:>9.1f}{m['bandwidth_fraction']:>8.0%}"
                       f"{m['compute_headroom']:>9.0f}x")
     print(f"rows: {store.rows_path}")
-    return 0
+    from kvtax.cli.outcome import report_outcome
+
+    return report_outcome(store.rows(), "kvtax roofline", "points")

@@ -32,12 +32,14 @@ UNBOUNDED = -1
 
 
 def parse_size(text: str | int | float) -> int:
-    """"13.37GiB" → bytes (GiB = 2^30, GB = 10^9; a bare number is bytes)."""
+    """"13.37GiB" → bytes (GiB = 2^30, GB = 10^9, B = bytes). A string needs its unit
+    ("13.37" alone once meant 13 bytes; only "0" may go without); an int or float is bytes."""
     if isinstance(text, (int, float)):
         return int(text)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m[2].lower() not in _UNITS:
-        raise ValueError(f"cannot read a size from {text!r}; write e.g. 13.37GiB, 16GB, 512MiB")
+    if not m or m[2].lower() not in _UNITS or (not m[2] and float(m[1]) != 0):
+        raise ValueError(f"cannot read a size from {text!r}; give a unit, e.g. 13.37GiB, "
+                         "16GB, 512MiB, 4096B")
     return int(float(m[1]) * _UNITS[m[2].lower()])
 
 

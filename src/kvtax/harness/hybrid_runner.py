@@ -156,7 +156,10 @@ def run_hybrid_recall(args: argparse.Namespace, prog: str = "kvtax recall") -> i
 
         print(f"report: {write_report(run_dir)}")
     print(f"run folder: {run_dir}")
-    return 0
+    from kvtax.cli.outcome import report_outcome
+    from kvtax.harness.store import read_rows
+
+    return report_outcome(read_rows(run_dir), prog, "questions")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ class SweepConfig:
     # Order rep by rep (every rep-0 cell, shuffled, before any rep-1 cell): a sweep stopped
     # early has whole repetitions of every cell rather than random holes.
     rounds: bool = False
+    # Contexts past the model's max_position_embeddings were asked for (--allow-long-context).
+    allow_long_context: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,21 +104,15 @@ class SweepConfig:
 
 
 def model_shape(model: str) -> tuple[int, int, int] | None:
-    """(query heads, KV heads, head_dim) of a built-in config or a local HF folder."""
-    import json
-    from pathlib import Path
+    """(query heads, KV heads, head_dim) of a built-in config, a local HF folder, a .gguf
+    file or a hub id; None when `model` names none of these (attention level: --heads)."""
+    from kvtax.errors import ModelNotFoundError
+    from kvtax.models import model_config
 
     try:
-        from kvtax.models import ModelConfig, get_config
-    except ImportError:
+        cfg = model_config(model)
+    except ModelNotFoundError:
         return None
-    try:
-        cfg = get_config(model)
-    except KeyError:
-        p = Path(model).expanduser() / "config.json"
-        if not p.exists():
-            return None
-        cfg = ModelConfig.from_hf(json.loads(p.read_text()))
     assert cfg.head_dim is not None
     return cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 

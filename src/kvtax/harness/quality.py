@@ -15,7 +15,6 @@ layer's relative attention-output error on the run's own K/V (`quality_metrics`)
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -27,6 +26,7 @@ import torch
 
 from kvtax.cache import FullCache, SlidingCache
 from kvtax.cache.hybrid import HybridCache
+from kvtax.errors import KVTaxError
 from kvtax.formats import KVSpec
 from kvtax.formats.hybrid import HybridSpec, fit_kv_name, parse_kv
 from kvtax.harness.quality_metrics import (
@@ -67,7 +67,11 @@ class QualityConfig:
         return asdict(self)
 
 
-class QualityInputError(ValueError):
+# What a quality config.json must hold to be resumed: the keys that define its cells.
+RESUME_KEYS = ("model", "contexts", "kvs", "baseline", "tail")
+
+
+class QualityInputError(KVTaxError, ValueError):
     """A quality run cannot start: bad contexts, tail, text or format. The message says why."""
 
 
@@ -248,7 +252,7 @@ def run_quality(
     """
     store = None
     if resume is not None:
-        store = RunStore.open(resume)
+        store = RunStore.open(resume, kind="quality", required=RESUME_KEYS)
         cfg = QualityConfig(**{k: v for k, v in store.config().items()
                                if k in QualityConfig.__dataclass_fields__})
     check_config(cfg)
@@ -310,7 +314,7 @@ def run_quality(
                 oom = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
                 row.update(status="oom" if oom else "error", phase="prefill",
                            error=f"{type(exc).__name__}: {exc}")
-                traceback.print_exc(file=sys.stderr)
+                row["traceback"] = traceback.format_exc()[-4000:]  # the row, not the terminal
             row["timestamp"] = utc_now()
             validate_row(row)
             if cell["cell_id"] not in done:

@@ -13,7 +13,6 @@ compared with it. Rows (kind "recall") go to a run folder like every harness mea
 
 from __future__ import annotations
 
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -22,19 +21,27 @@ from pathlib import Path
 from typing import Any
 
 from kvtax.formats.hybrid import fit_kv_name
+from kvtax.errors import KVTaxError
 from kvtax.harness.recall_facts import Fact, grade, make_facts
 from kvtax.harness.recall_models import RecallModel, Unavailable, load_recall_model
 from kvtax.harness.recall_transcript import (
     FillerStream,
     build_prompts,
     filler_paragraphs,
+    min_context,
     spread_depths,
 )
 from kvtax.harness.schema import base_row, make_cell_id, utc_now, validate_row
 from kvtax.harness.store import RunStore, environment, git_commit
 
 BASELINES = ("fp16", "bf16", "fp32")
+# What a recall config.json must hold to be resumed: the keys that define its questions.
+RESUME_KEYS = ("model", "contexts", "kvs", "facts", "seed")
 ANSWER_SLACK = 8  # tokens beyond the fact's own sentence: room for "The answer is" etc.
+
+
+class RecallInputError(KVTaxError, ValueError):
+    """A recall run cannot start (e.g. a context too short for the frame and facts)."""
 
 
 @dataclass
@@ -114,15 +121,12 @@ def run_recall(
     `resume` reopens a run folder and skips questions that already have a row. `model`
     reuses a loaded model (tests); otherwise `cfg.model` is loaded once for all arms.
     """
+    store = None
     if resume is not None:
-        store = RunStore.open(resume)
+        store = RunStore.open(resume, kind="recall", required=RESUME_KEYS)
         cfg = RecallConfig(**{k: v for k, v in store.config().items()
                               if k in RecallConfig.__dataclass_fields__})
-    else:
-        store = RunStore.create(root, name, cfg.to_dict())
-    store.write_env(environment(cfg.device))
-    commit = git_commit()
-    log(f"kvtax recall: run folder {store.path}")
+    # Model and contexts first: a bad model or a too-short context leaves no run folder.
     if model is None:
         t = time.perf_counter()
         model = load_recall_model(
@@ -130,6 +134,12 @@ def run_recall(
             chunk_size=cfg.chunk_size, sliding_kv=cfg.sliding_kv, seed=cfg.seed,
         )
         log(f"loaded {cfg.model} ({model.engine} engine) in {time.perf_counter() - t:.1f} s")
+    check_contexts(cfg, model)
+    if store is None:
+        store = RunStore.create(root, name, cfg.to_dict())
+    store.write_env(environment(cfg.device))
+    commit = git_commit()
+    log(f"kvtax recall: run folder {store.path}")
     facts = make_facts(cfg.facts, cfg.seed)
     depths = spread_depths(cfg.facts)
     filler = FillerStream(model.tokenizer, filler_paragraphs(cfg.filler))
@@ -164,6 +174,19 @@ def run_recall(
                     f"{row['answer']!r}  (ETA {eta:.0f} s)")
             log(f"== {kv}/{path} @ {ctx}: {right}/{len(todo)} correct")
     return store.path
+
+
+def check_contexts(cfg: RecallConfig, model: RecallModel) -> None:
+    """Raise RecallInputError when a context cannot hold the frame and the facts."""
+    facts = make_facts(cfg.facts, cfg.seed)
+    need = min_context(model.tokenizer, facts, cfg.chat)
+    short = [c for c in cfg.contexts if c < need]
+    if short:
+        raise RecallInputError(
+            f"context {min(short)} is too short for {cfg.facts} facts: the question frame and "
+            f"the facts take {need} tokens with this tokenizer; use --contexts of at least "
+            f"{need} (or fewer --facts)"
+        )
 
 
 def _mark(row: dict) -> str:
@@ -212,8 +235,8 @@ class _Asker:
             row["status"] = "oom" if _is_oom(exc) else "error"
             row["phase"] = row["phase"] or (self.session.phase if self.session else "setup")
             row["error"] = f"{type(exc).__name__}: {exc}"
-            if row["status"] == "error":
-                traceback.print_exc(file=sys.stderr)
+            if row["status"] == "error":  # on the row, not the terminal: one per question
+                row["traceback"] = traceback.format_exc()[-4000:]
         row["timestamp"] = utc_now()
 
 

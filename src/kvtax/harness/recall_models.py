@@ -13,9 +13,6 @@ Two engines behind one `session(kv, path, prefix, capacity).ask(suffix, budget)`
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +21,7 @@ from typing import Any
 import torch
 
 from kvtax.harness.recall_transcript import HFTextTokenizer, TextTokenizer
+from kvtax.models.gguf import gguf_folder  # noqa: F401 - where recall code found it
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -256,44 +254,6 @@ def _eos_ids(*sources: Any) -> tuple[int, ...]:
             if x is not None and int(x) not in ids:
                 ids.append(int(x))
     return tuple(ids)
-
-
-def gguf_folder(gguf: str | Path, cache_root: str | Path | None = None) -> Path:
-    """A safetensors folder (config, weights, tokenizer) converted from a `.gguf` file.
-
-    transformers dequantizes the GGUF weights to float32; the folder is cached by the
-    file's path, size and mtime so the slow GGUF parse happens once.
-    """
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = Path(gguf).resolve()
-    st = gguf.stat()
-    key = hashlib.sha1(f"{gguf}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    root = Path(cache_root or os.environ.get("KVTAX_CACHE", Path.home() / ".cache" / "kvtax"))
-    out = root / "gguf" / f"{gguf.stem}-{key}"
-    if (out / "model.safetensors").exists():
-        return out
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                              dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    state = {k: v.detach().contiguous().clone() for k, v in hf.state_dict().items()}
-    if hf.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)  # tied: the loader takes it from the embedding
-    save_file(state, str(tmp / "model.safetensors"))
-    cfg = hf.config.to_dict()
-    cfg.pop("quantization_config", None)
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
-    tok.save_pretrained(str(tmp))
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process converted the same file first: keep its folder
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def load_recall_model(

@@ -173,6 +173,14 @@ def spread_depths(n: int) -> list[float]:
     return [i / (n - 1) for i in range(n)]
 
 
+def min_context(tok: TextTokenizer, facts: Sequence[Fact], use_chat: bool = True) -> int:
+    """The shortest context `build_prompts` accepts for `facts`: the frame (head + the
+    longest question's tail) plus every fact's tokens, with no filler at all."""
+    frames = [frame_ids(tok, f.question, use_chat) for f in facts]
+    head, max_tail = len(frames[0][0]), max(len(t) for _, t in frames)
+    return head + max_tail + sum(len(tok.encode("\n" + f.statement + "\n")) for f in facts)
+
+
 def build_prompts(
     tok: TextTokenizer,
     filler: FillerStream,

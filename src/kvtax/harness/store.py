@@ -23,11 +23,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from kvtax.errors import KVTaxError
 from kvtax.harness import devinfo
 
 CONFIG = "config.json"
 ENV = "env.json"
 ROWS = "rows.jsonl"
+# Version of the run folder's layout, stored as config.json's "run_schema". Folders written
+# before it existed carry "kind" and their sweep fields, which is enough to resume them.
+RUN_SCHEMA = 1
+
+
+class RunFolderError(KVTaxError, ValueError):
+    """A folder that cannot be resumed: not a run folder, or a run of another kind/schema."""
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -129,21 +137,55 @@ class RunStore:
                 n += 1
                 path = base.with_name(f"{base.name}-{n}")
         store = cls(path)
-        _write_json(path / CONFIG, dict(config, run_id=store.run_id))
+        _write_json(path / CONFIG, dict(config, run_id=store.run_id, run_schema=RUN_SCHEMA))
         store.rows_path.touch()
         return store
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> "RunStore":
-        """Reopen an existing run folder (for --resume); cuts a torn last line."""
+    def open(cls, path: str | os.PathLike[str], kind: str | None = None,
+             required: tuple[str, ...] = ()) -> "RunStore":
+        """Reopen an existing run folder (for --resume); cuts a torn last line.
+
+        With `kind` ("bench", "recall", "quality", "roofline") the config must be a run of
+        that kind, of a schema this version writes, holding every key in `required`;
+        anything else raises RunFolderError saying why (never resumed with defaults).
+        """
         store = cls(path)
+        if not store.path.is_dir():
+            raise RunFolderError(f"{store.path} does not exist; pass a run folder that a "
+                                 "previous run printed")
         if not (store.path / CONFIG).exists():
-            raise FileNotFoundError(
+            raise RunFolderError(
                 f"{store.path} is not a run folder (no {CONFIG}); pass the folder a "
-                "previous `kvtax bench` printed"
+                "previous run printed"
             )
+        if kind is not None:
+            store._check_config(kind, required)
         _cut_torn_tail(store.rows_path)
         return store
+
+    def _check_config(self, kind: str, required: tuple[str, ...]) -> None:
+        try:
+            cfg = self.config()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RunFolderError(f"{self.path / CONFIG} is not valid JSON ({exc})") from None
+        if not isinstance(cfg, dict) or not cfg:
+            raise RunFolderError(f"{self.path / CONFIG} is empty; not a kvtax {kind} run")
+        found = cfg.get("kind")
+        if not found:
+            raise RunFolderError(f"{self.path / CONFIG} names no run kind; not a kvtax {kind} "
+                                 "run, so it cannot be resumed as one")
+        if found != kind:
+            raise RunFolderError(f"{self.path} is a kvtax {found} run, not a {kind} run; "
+                                 f"resume it with `kvtax {found} --resume {self.path}`")
+        schema = cfg.get("run_schema", RUN_SCHEMA)
+        if not isinstance(schema, int) or schema > RUN_SCHEMA:
+            raise RunFolderError(f"{self.path} has run schema {schema!r}; this kvtax reads "
+                                 f"up to {RUN_SCHEMA} (upgrade kvtax to resume it)")
+        missing = [k for k in required if k not in cfg]
+        if missing:
+            raise RunFolderError(f"{self.path / CONFIG} lacks {', '.join(missing)}; it does "
+                                 f"not say what the {kind} run was, so it cannot be resumed")
 
     def config(self) -> dict[str, Any]:
         return json.loads((self.path / CONFIG).read_text())

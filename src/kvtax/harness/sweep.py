@@ -20,6 +20,8 @@ from kvtax.harness.plan import Cell, SweepConfig, context_limit, plan_cells
 from kvtax.harness.store import RunStore, environment
 
 Printer = Callable[[str], None]
+# What a bench config.json must hold to be resumed: the keys that define its cells.
+RESUME_KEYS = ("model", "level", "contexts", "kvs", "paths", "reps", "seed")
 
 
 def hf_quantized_unavailable(
@@ -138,7 +140,7 @@ def run_sweep(
     stream = stream or sys.stdout
     say = print_fn or (lambda s: print(s, file=stream, flush=True))
     if resume:
-        store = RunStore.open(resume)
+        store = RunStore.open(resume, kind="bench", required=RESUME_KEYS)
         stored = store.config()
         cfg = SweepConfig.from_dict(stored)
         cell_overrides = dict(stored.get("cell_overrides") or {}, **(cell_overrides or {}))

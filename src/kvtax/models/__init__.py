@@ -11,7 +11,14 @@
 
 from kvtax.models.config import CONFIG_NAMES, ModelConfig, get_config
 from kvtax.models.decoder import DecoderModel
-from kvtax.models.loading import CheckpointError, hf_name_map, load_model, random_model
+from kvtax.models.loading import (
+    CheckpointError,
+    hf_name_map,
+    load_model,
+    locate,
+    model_config,
+    random_model,
+)
 from kvtax.models.runner import GenerationResult, Runner
 from kvtax.models.sampling import sample
 from kvtax.models.tokenizer import ByteTokenizer, load_tokenizer
@@ -28,6 +35,8 @@ __all__ = [
     "hf_name_map",
     "load_model",
     "load_tokenizer",
+    "locate",
+    "model_config",
     "random_model",
     "sample",
 ]

@@ -7,6 +7,7 @@ CheckpointError naming it. q/k/v and gate/up are concatenated into the fused pro
     >>> model = load_model("tiny")                              # random weights, no download
     >>> model = load_model("/models/Llama-3.1-8B", dtype=torch.bfloat16, device="cuda")
     >>> model = load_model("Qwen/Qwen3-0.6B")                    # via huggingface_hub
+    >>> model = load_model("SmolLM2-135M-Instruct.Q4_1.gguf")    # converted once, cached
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from pathlib import Path
 
 import torch
 
+from kvtax.errors import KVTaxError, ModelNotFoundError
 from kvtax.models.config import CONFIG_NAMES, ModelConfig, get_config
 from kvtax.models.decoder import DecoderModel
+from kvtax.models.gguf import gguf_folder, gguf_hf_config, is_gguf
 
 # Checkpoint prefixes of the text decoder: plain causal LMs, then Gemma 3's multimodal
 # wrapper in the transformers 5 and 4 layouts.
@@ -29,7 +32,7 @@ _FOREIGN = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
 _WEIGHT_FILES = ("*.safetensors", "*.json", "tokenizer.model")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(KVTaxError, ValueError):
     """A checkpoint does not match its config: missing, unexpected or mis-shaped tensors."""
 
 
@@ -40,25 +43,79 @@ def load_model(
     device: str | torch.device = "cpu",
     seed: int = 0,
 ) -> DecoderModel:
-    """A built-in config name (random weights), a ModelConfig, a local HF folder or a hub id.
+    """A built-in config name (random weights), a ModelConfig, a local HF folder, a `.gguf`
+    file (converted once to a cached folder, `kvtax.models.gguf`) or a hub id.
 
     Returns a DecoderModel in eval mode with `.config` and `.source` (the folder the
     weights came from, or None for random weights; the tokenizer looks there).
     """
     if isinstance(source, ModelConfig):
         return random_model(source, dtype=dtype, device=device, seed=seed)
+    kind, where = locate(source)
+    if kind == "builtin":
+        return random_model(get_config(where), dtype=dtype, device=device, seed=seed)
+    if kind == "gguf":
+        return load_folder(gguf_folder(where), dtype=dtype, device=device)
+    if kind == "hub":
+        return load_folder(_download(where), dtype=dtype, device=device)
+    return load_folder(where, dtype=dtype, device=device)
+
+
+def locate(source: str | os.PathLike) -> tuple[str, str]:
+    """(kind, where) of a model source, checking only that it exists: kind is "builtin"
+    (where: the config name), "folder", "gguf" (where: the path) or "hub" (org/name).
+
+    Raises ModelNotFoundError saying what a model source can be.
+    """
     text = str(source)
     if text.strip().lower() in CONFIG_NAMES and not text.startswith(("./", "/")):
-        return random_model(get_config(text), dtype=dtype, device=device, seed=seed)
+        return "builtin", text.strip().lower()
     path = Path(text).expanduser()
+    if path.is_file() and is_gguf(path):
+        return "gguf", str(path)
+    if path.is_dir():
+        return "folder", str(path)
     if path.exists():
-        return load_folder(path, dtype=dtype, device=device)
-    if text.count("/") == 1 and not text.startswith((".", "/")):
-        return load_folder(_download(text), dtype=dtype, device=device)
-    raise FileNotFoundError(
-        f"{text!r} is neither a built-in config ({', '.join(CONFIG_NAMES)}), a local folder, "
-        "nor a hub id of the form org/name"
+        raise ModelNotFoundError(f"{text}: a model file must be a .gguf file; other "
+                                 "checkpoints are folders holding config.json")
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")) and not is_gguf(text):
+        return "hub", text
+    raise ModelNotFoundError(
+        f"model {text!r} not found: it is neither a built-in config ({', '.join(CONFIG_NAMES)}), "
+        "a local folder, a .gguf file, nor a hub id of the form org/name"
     )
+
+
+def model_config(source: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a model source without loading its weights (a GGUF file's
+    metadata, a folder's config.json, a hub id's config.json); errors are KVTaxErrors."""
+    kind, where = locate(source)
+    if kind == "builtin":
+        return get_config(where)
+    if kind == "gguf":
+        try:
+            hf = gguf_hf_config(where)
+        except Exception as exc:  # a truncated or foreign file: say which and why
+            raise CheckpointError(f"{where}: cannot read its GGUF metadata "
+                                  f"({type(exc).__name__}: {exc})") from None
+        return _from_hf(hf, Path(where).stem)
+    folder = Path(where) if kind == "folder" else _download(where, config_only=True)
+    cfg_file = folder / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"{folder} has no config.json; is it a Hugging Face model folder?")
+    try:
+        hf = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{cfg_file} is not valid JSON ({exc})") from None
+    return _from_hf(hf, folder.name)
+
+
+def _from_hf(hf: dict, name: str) -> ModelConfig:
+    try:
+        return ModelConfig.from_hf(hf, name=name)
+    except (KeyError, TypeError, ValueError) as exc:  # missing keys, an unsupported family
+        raise CheckpointError(f"{name}: its config cannot be read ({type(exc).__name__}: "
+                              f"{exc})") from None
 
 
 def random_model(
@@ -220,17 +277,18 @@ def _shape_summary(cfg: ModelConfig) -> str:
             f"{cfg.num_heads}/{cfg.num_kv_heads}, head_dim {cfg.head_dim}, vocab {cfg.vocab_size}")
 
 
-def _download(repo_id: str) -> Path:
+def _download(repo_id: str, config_only: bool = False) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError as exc:
-        raise FileNotFoundError(
+        raise ModelNotFoundError(
             f"{repo_id!r} looks like a hub id but huggingface_hub is not installed"
         ) from exc
+    patterns = ["config.json"] if config_only else list(_WEIGHT_FILES)
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=list(_WEIGHT_FILES)))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as exc:  # offline, gated, or missing: say which id and why
-        raise FileNotFoundError(
+        raise ModelNotFoundError(
             f"could not fetch {repo_id!r} from the Hugging Face hub ({type(exc).__name__}: "
             f"{exc}); pass a local folder instead"
         ) from exc
