@@ -8,7 +8,8 @@ out, to play a missing install).
 Model: every token held costs `BPT[kv]` bytes in a counter (the memory counter reads it),
 and a decode step is *reported* to take `0.1 + 1e-5 * held * BPT[kv]` ms, so decode is
 exactly linear in context with slopes in the ratio of bytes per token. Tokens are
-characters (id = code point); logits are a seeded function of the context, perturbed by
+characters (id = code point, capped at 127); `generate` answers a recall question from its
+own prompt (q4 answers 0: a format that "forgets"); logits are a seeded function of the context, perturbed by
 an amount that grows as the format's bits shrink. `--engine-option fail=KV:PHASE` raises
 in that phase for that kv (PHASE: load, prefill, decode; decode: the timed window).
 """
@@ -17,10 +18,11 @@ from __future__ import annotations
 
 import importlib
 import random
+import re
 from typing import Any, ClassVar
 
 from kvtax.errors import KVTaxError
-from kvtax.harness.engines import Engine, EngineUnavailable
+from kvtax.harness.engines import Engine
 
 BPT = {"f16": 64, "q8": 34, "q4": 18}   # bytes per token of each "cache type"
 NOISE = {"f16": 0.0, "q8": 0.01, "q4": 0.2}
@@ -149,7 +151,28 @@ class FakeEngine(Engine):
         return torch.stack(rows).float()
 
     def generate(self, ids: list[int], max_new_tokens: int, stop: Any = None) -> list[int]:
-        raise EngineUnavailable("fake: generate is not modelled")
+        """Answers the prompt's last question with the value of the document sentence that
+        shares most words with it; q4 "forgets" and answers 0."""
+        value = "0" if self.spec.kv == "q4" else _lookup(self.detokenize(ids))
+        out: list[int] = []
+        for tok in self.tokenize(value + "\n"):
+            out.append(tok)
+            if len(out) >= max_new_tokens or (stop is not None and stop(self.detokenize(out))):
+                break
+        return out
+
+
+def _lookup(prompt: str) -> str:
+    """The value (number or code) of the sentence most like the prompt's last question."""
+    question = prompt.rsplit("Question:", 1)[-1].split("\n")[0]
+    words = set(re.findall(r"[a-z]+", question.lower()))
+    best, value = -1, "?"
+    for sentence in re.split(r"(?<=[.!?])\s+", prompt.rsplit("Question:", 1)[0]):
+        found = re.search(r"\b(\d{1,3}(?:,\d{3})+|[A-Z]{2}-\d{4})\b", sentence)
+        score = len(words & set(re.findall(r"[a-z]+", sentence.lower())))
+        if found and score > best:
+            best, value = score, found.group(1)
+    return value
 
 
 ENGINE = FakeEngine

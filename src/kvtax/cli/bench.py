@@ -44,6 +44,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvtax.cli.options import add_engine, engine_options
 from kvtax.errors import KVTaxError
 
 DEFAULT_CPU_CONTEXTS = "128,256,512,1024"
@@ -81,9 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--contexts", type=parse_contexts, default=None,
                    help=f"prompt lengths, k = 1024 (default {DEFAULT_CPU_CONTEXTS} on CPU, "
                         "4k,16k,32k,64k,128k on CUDA)")
-    p.add_argument("--engine", default="kvtax",
-                   help="stack that runs the cells: kvtax (default), transformers, llama.cpp, "
-                        "mlx-lm, openai")
+    add_engine(p, extra="; kvtax's arms are the paths below")
     p.add_argument("--kv", type=_csv, default=None,
                    help="KV formats: fp16,int8,int4,fp8,k8v4,int4-g32 ... (default fp16,int8,int4); "
                         "another engine's own cache settings (its default otherwise)")
@@ -94,12 +93,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--flash-attn", type=_csv, default=None, metavar="on,off",
                    help="llama.cpp: flash attention on, off or both (the paths fa / nofa; "
                         "default on)")
-    p.add_argument("--url", action="append", default=[], metavar="NAME=URL",
-                   help="openai: one arm per server, e.g. --url q8=http://127.0.0.1:8000 "
-                        "(repeat; restart the server between arms yourself)")
-    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="an engine-specific setting passed to every cell (repeat; VALUE is "
-                        "read as JSON when it parses, else as text)")
     p.add_argument("--reps", type=int, default=3, help="repetitions per cell (default 3)")
     p.add_argument("--warmup", type=int, default=1,
                    help="warm-up cells per arm, run first and excluded from statistics (default 1)")
@@ -183,24 +176,6 @@ def _limits(text: str) -> dict[str, int]:
 FLASH_ATTN_PATHS = {"on": "fa", "off": "nofa"}  # llama.cpp's path names (engines/base.py)
 
 
-def _pairs(items: list[str], flag: str) -> dict[str, str]:
-    """["a=1", "b=x"] → {"a": "1", "b": "x"}; argparse error on a missing "="."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise argparse.ArgumentTypeError(f"{flag} wants NAME=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _json_or_text(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
 def engine_arms(args: argparse.Namespace) -> tuple[list[str], list[str], dict[str, Any]]:
     """(kvs, paths, engine_options) from --engine and its flags (engine defaults applied)."""
     if args.engine == "kvtax":
@@ -212,11 +187,9 @@ def engine_arms(args: argparse.Namespace) -> tuple[list[str], list[str], dict[st
     from kvtax.harness.engines import require_engine
 
     eng = require_engine(args.engine)  # missing package: one line naming its install command
-    options: dict[str, Any] = {k: _json_or_text(v)
-                               for k, v in _pairs(args.engine_option, "--engine-option").items()}
+    options = engine_options(args)
     kvs, paths = args.kv, args.paths
     if args.url:
-        options["urls"] = _pairs(args.url, "--url")
         kvs = kvs or list(options["urls"])
     if args.flash_attn:
         bad = [f for f in args.flash_attn if f not in FLASH_ATTN_PATHS]
