@@ -114,3 +114,16 @@ def test_kvtax_engine_recall_matches_the_kvtax_recall_path(tmp_path):
     assert [r["answer"] for r in generic] == [r["answer"] for r in legacy]
     assert all(r["status"] == "ok" for r in generic)
     assert {r["engine_version"] for r in generic} == {"kvtax 0.1.0"}
+
+
+@pytest.mark.parametrize("command", ["recall", "quality"])
+def test_missing_engine_package_is_one_line_before_any_folder(monkeypatch, tmp_path, capsys,
+                                                              command):
+    fake_engine_env(tmp_path, installed=False)  # the entry point, not its backend package
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setitem(ENGINES, "fake", "tests.kvtax_fake_engine")
+    assert main([command, "--engine", "fake", "--contexts", "700", "--out",
+                 str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install kvtax-fake-backend" in err[0]
+    assert not (tmp_path / "runs").exists()
