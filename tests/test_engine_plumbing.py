@@ -125,6 +125,8 @@ def test_engine_error_becomes_a_row_and_keeps_earlier_phases(tmp_path):
     assert bad and all(r["status"] == "error" and r["phase"] == "decode" for r in bad)
     assert all("failed in decode on purpose" in r["error"] for r in bad)
     assert all(r["ttft_s"] > 0 and r["decode_ms_per_token"] is None for r in bad)
+    # info() is still read: what the engine ran up to the failure (prompt, first, settle)
+    assert all(r["engine_info"]["held"] == r["context"] + 2 for r in bad)
     assert all(r["engine_spec"]["options"]["fail"] == "q4:decode" for r in rows)
     assert all(r["status"] == "ok" for r in rows if r["kv"] == "f16")
 
