@@ -35,10 +35,6 @@ from kvtax.harness.engines.proc_memory import ProcRSS
 DEFAULT_CTX = 4096  # n_ctx when the cell gives no capacity
 
 
-def _ggml_type(llama_cpp: Any, name: str) -> int:
-    return int(getattr(llama_cpp, f"GGML_TYPE_{name.upper()}"))
-
-
 class LlamaCppEngine(Engine):
     """llama.cpp's CPU (or whatever the wheel was built for) backend on one GGUF."""
 
@@ -125,8 +121,8 @@ class LlamaCppEngine(Engine):
         p.n_ctx, p.n_batch, p.n_ubatch = self.n_ctx, self.n_batch, self.n_batch
         p.n_threads = p.n_threads_batch = threads
         p.flash_attn_type = kvt.PATHS[self.spec.path]
-        p.type_k = _ggml_type(llama_cpp, self.type_k)
-        p.type_v = _ggml_type(llama_cpp, self.type_v)
+        p.type_k = kvt.CACHE_TYPES[self.type_k][0]
+        p.type_v = kvt.CACHE_TYPES[self.type_v][0]
         p.no_perf = True
         self.threads = threads
         return p

@@ -16,18 +16,19 @@ from dataclasses import dataclass, field
 
 from kvtax.errors import KVTaxError
 
-# ggml type -> (bytes per block, elements per block), from ggml's block structs
-# (block_q8_0: fp16 scale + 32 int8; block_q4_1: fp16 scale + fp16 min + 16 bytes...).
-CACHE_TYPES: dict[str, tuple[int, int]] = {
-    "f32": (4, 1),
-    "f16": (2, 1),
-    "bf16": (2, 1),
-    "q8_0": (34, 32),
-    "q4_0": (18, 32),
-    "q4_1": (20, 32),
-    "q5_0": (22, 32),
-    "q5_1": (24, 32),
-    "iq4_nl": (18, 32),
+# ggml type -> (enum ggml_type id, bytes per block, elements per block), from ggml.h and
+# its block structs (block_q8_0: fp16 scale + 32 int8; block_q4_1: fp16 scale + fp16 min
+# + 16 bytes...). The ids are ggml's ABI; llama_cpp does not export GGML_TYPE_BF16.
+CACHE_TYPES: dict[str, tuple[int, int, int]] = {
+    "f32": (0, 4, 1),
+    "f16": (1, 2, 1),
+    "bf16": (30, 2, 1),
+    "q8_0": (8, 34, 32),
+    "q4_0": (2, 18, 32),
+    "q4_1": (3, 20, 32),
+    "q5_0": (6, 22, 32),
+    "q5_1": (7, 24, 32),
+    "iq4_nl": (20, 18, 32),
 }
 UNQUANTIZED = ("f32", "f16", "bf16")
 
@@ -60,7 +61,7 @@ def needs_fa(kv: str) -> bool:
 
 def row_bytes(ggml_type: str, n: int) -> int:
     """Bytes of `n` elements of `ggml_type` (n a multiple of its block size)."""
-    per_block, block = CACHE_TYPES[ggml_type]
+    _, per_block, block = CACHE_TYPES[ggml_type]
     if n % block:
         raise KVTaxError(f"head dim {n} is not a multiple of {ggml_type}'s block of {block}")
     return n // block * per_block
@@ -91,18 +92,24 @@ _MIB = 1024 * 1024
 
 @dataclass
 class LogWatch:
-    """Collects llama.cpp log lines (levels info/warn/error) and reads facts off them."""
+    """Collects llama.cpp's log lines and reads facts off them. Levels are ggml's
+    (ggml.h): 1 debug (dropped), 2 info, 3 warn, 4 error, 5 continues the last line."""
 
     lines: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    _kept: bool = False
 
     def add(self, level: int, text: str) -> None:
-        """One callback call; level 5 (GGML_LOG_LEVEL_CONT) continues the previous line."""
-        if level == 5 and self.lines:
-            self.lines[-1] += text
+        """One callback call."""
+        if level == 5:
+            if self._kept and self.lines:
+                self.lines[-1] += text
+            return
+        self._kept = level != 1
+        if not self._kept:
             return
         self.lines.append(text)
-        if level in (2, 3):  # warn, error
+        if level in (3, 4):
             self.warnings.append(text.strip())
 
     def flash_attn(self, requested: str) -> bool | None:

@@ -4,7 +4,7 @@ llama-cpp-python's server) as an engine, over HTTP with the standard library.
 One arm per server the user names: `--url f16=http://127.0.0.1:8001 --url
 q8=http://127.0.0.1:8002` gives arms `f16/server` and `q8/server` (the user restarts or
 runs one server per KV setting; kvtax never starts or manages servers). The arm's URL
-reaches the engine as `spec.options["url"]` (`parse_urls` reads the flags).
+reaches the engine as `spec.options["urls"][kv]` (or `spec.options["url"]`).
 
 - prefill(ids): a streamed /v1/completions request (greedy, `ignore_eos` and
   `min_tokens` so the length is the one asked for, `stream_options.include_usage`);
@@ -14,8 +14,8 @@ reaches the engine as `spec.options["url"]` (`parse_urls` reads the flags).
   it, which differs from the samples' mean when a server sends several tokens a chunk.
 - Prompts are sized with the server's tokenizer endpoint (/tokenize of llama.cpp and
   vLLM, /extras/tokenize of llama-cpp-python); without one they are words standing for
-  tokens and info() says `prompt_tokens_approx: True`. Each prompt starts with a random
-  word so a server's prefix cache cannot serve a repeated prompt.
+  tokens and info() says `prompt_tokens_approx: True`. Each prompt starts with two random
+  words so a server's prefix cache cannot serve a repeated prompt.
 - Memory: the server's RSS (`server_pid`, or the pid listening on the URL's port when
   the server is local), or its GPU memory through NVML (`nvml: True`, needs pynvml).
 - generate(): recall through /v1/chat/completions (the server applies its template).
@@ -63,7 +63,7 @@ class NoCounter:
 
 
 class OpenAIEngine(Engine):
-    """A running OpenAI-compatible server at `spec.options["url"]`."""
+    """A running OpenAI-compatible server at the arm's URL (see the module doc)."""
 
     name = "openai"
     modules = ()  # standard library only
@@ -71,7 +71,7 @@ class OpenAIEngine(Engine):
 
     def __init__(self, spec: EngineSpec) -> None:
         super().__init__(spec)
-        url = spec.options.get("url")
+        url = spec.options.get("url") or (spec.options.get("urls") or {}).get(spec.kv)
         if not url:
             raise KVTaxError(f"engine openai: no URL for arm {spec.kv!r}; pass --url "
                              f"{spec.kv}=http://HOST:PORT")
@@ -81,26 +81,12 @@ class OpenAIEngine(Engine):
         self._stream: Iterator[dict] | None = None
         self._texts: dict[tuple[int, ...], str] = {}
         self._words: list[str] = []
+        self._distinct: list[str] = []
         self._vocab: dict[str, int] = {}
         self._last: tuple[list[int], str] = ([], "")
         self.facts: dict[str, Any] = {"url": url}
 
     # ---- planning (parent process)
-
-    @staticmethod
-    def parse_urls(values: list[str]) -> dict[str, str]:
-        """`["f16=http://127.0.0.1:8001", ...]` → {"f16": url}; one bare URL is "server"."""
-        out: dict[str, str] = {}
-        for v in values:
-            name, sep, url = v.partition("=")
-            if not sep:
-                name, url = ("server", v) if len(values) == 1 else ("", v)
-            if not name or not re.match(r"https?://", url):
-                raise KVTaxError(f"--url {v!r}: give NAME=http://HOST:PORT (one per server)")
-            if name in out:
-                raise KVTaxError(f"--url: arm name {name!r} given twice")
-            out[name] = url
-        return out
 
     @classmethod
     def arms(cls, kvs: list[str], paths: list[str]) -> list[tuple[str, str]]:
@@ -151,6 +137,7 @@ class OpenAIEngine(Engine):
             self.api_model = str(ids[0])
         self.tok = ServerTokenizer(self.client, self.api_model)
         self._words = _words()
+        self._distinct = sorted(set(self._words))
         self.facts.update(api_model=self.api_model, tokenizer_endpoint=self.tok.name,
                           prompt_tokens_approx=not self.tok.found)
 
@@ -167,10 +154,10 @@ class OpenAIEngine(Engine):
         return ProcRSS(int(pid))
 
     def prompt_ids(self, n: int, seed: int) -> list[int]:
-        """`n` tokens of seeded English (the server's tokenizer), after a random word."""
+        """`n` tokens of seeded English (the server's tokenizer) after two random words."""
         rng = random.Random(seed)
-        nonce = random.SystemRandom().choice(self._words)
-        words = [nonce.capitalize()]
+        # Two words of ~20k distinct ones: a repeat is a 1-in-400-million event.
+        words = [w.capitalize() for w in random.SystemRandom().sample(self._distinct, 2)]
         while True:
             words += [rng.choice(self._words) for _ in range(max(8, n))]
             text = " ".join(words)
@@ -238,17 +225,17 @@ class OpenAIEngine(Engine):
                          f"{self._max_tokens} tokens)")
 
     def decode(self, n: int) -> list[float]:
-        """`n` more streamed chunks; ms between consecutive chunks."""
+        """`n` more streamed chunks; ms between consecutive chunks. The stream stays
+        open for the next call until every asked token has come."""
         if self._stream is None:
             raise KVTaxError("openai engine: decode() before prefill()")
-        samples, last = [], self._t_first
+        samples, last = [], self._t_last
         for _ in range(n):
             now = self._next_token()
             samples.append((now - last) * 1e3)
             last = now
-        if self._max_tokens <= n + 1:
-            self._drain()  # the rest is the final usage chunk
-        self.close_stream()
+        if self._chunks >= self._max_tokens:
+            self._drain()  # what is left is the final usage chunk and [DONE]
         usage = self._usage or {}
         done = usage.get("completion_tokens")
         self.facts.update(stream_chunks=self._chunks, completion_tokens=done,
@@ -266,6 +253,10 @@ class OpenAIEngine(Engine):
                 self._next_token()
         except KVTaxError:
             pass
+
+    def reset(self) -> None:
+        """Drop the current request (the server keeps no cache of ours to empty)."""
+        self.close_stream()
 
     def close_stream(self) -> None:
         if self._stream is not None:
