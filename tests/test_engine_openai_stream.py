@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,6 +19,7 @@ from kvtax.errors import KVTaxError
 from kvtax.harness.engines.base import EngineSpec
 from kvtax.harness.engines.openai import OpenAIEngine
 from kvtax.harness.engines.openai_http import ServerError
+from kvtax.harness.engines import server_memory
 from kvtax.harness.engines.server_memory import pid_for_port
 
 
@@ -168,6 +170,23 @@ def test_pid_for_port_finds_this_process(fake: tuple[Script, str]) -> None:
     assert pid_for_port(port) == os.getpid()
     eng = _engine(url)
     counter = eng.memory_counter()
-    assert counter.kind == "cpu_rss" and eng.facts["server_pid"] == os.getpid()
+    assert counter.kind == "server_rss" and eng.facts["server_pid"] == os.getpid()
     counter.reset()
     assert counter.peak() >= counter.current() > 0
+
+
+def test_server_rss_samples_where_the_peak_cannot_be_reset(monkeypatch) -> None:
+    """Without clear_refs (another user's server) a thread samples VmRSS: a 64 MiB
+    buffer touched inside the phase shows in its peak."""
+    monkeypatch.setattr(server_memory, "_reset_hwm", lambda pid: False)
+    counter = server_memory.ServerRSS(os.getpid(), interval_s=0.001)
+    assert counter.kind == "server_rss_sampled"
+    counter.reset()
+    start = counter.current()
+    buf = bytearray(64 << 20)
+    time.sleep(0.05)
+    del buf
+    time.sleep(0.01)
+    peak = counter.peak()
+    counter.close()
+    assert peak - start >= 60 << 20

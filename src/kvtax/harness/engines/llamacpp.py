@@ -30,7 +30,7 @@ from typing import Any
 from kvtax.errors import KVTaxError
 from kvtax.harness.engines import llamacpp_kv as kvt
 from kvtax.harness.engines.base import Engine, EngineSpec, EngineUnavailable
-from kvtax.harness.engines.proc_memory import ProcRSS
+from kvtax.harness.engines.counters import RssCounter
 
 DEFAULT_CTX = 4096  # n_ctx when the cell gives no capacity
 
@@ -48,7 +48,7 @@ class LlamaCppEngine(Engine):
         kvt.check_path(spec.path)
         self.log = kvt.LogWatch()
         self._model = self._ctx = self._batch = self._cb = None
-        self._counter: ProcRSS | None = None
+        self._counter: RssCounter | None = None
         self._n_past = 0
         self._next: int | None = None
         self._pool: list[int] | None = None
@@ -145,10 +145,10 @@ class LlamaCppEngine(Engine):
         self._cb = callback  # ctypes drops the C pointer if the Python object dies
         llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
 
-    def memory_counter(self) -> ProcRSS:
+    def memory_counter(self) -> RssCounter:
         """This process's RSS: ggml allocates its buffers outside torch."""
         if self._counter is None:
-            self._counter = ProcRSS()
+            self._counter = RssCounter()
         return self._counter
 
     def prompt_ids(self, n: int, seed: int) -> list[int]:
@@ -322,8 +322,6 @@ class LlamaCppEngine(Engine):
             if obj is not None:
                 obj.close()
         self._batch = self._ctx = self._model = None
-        if self._counter is not None:
-            self._counter.close()
         if self._cb is not None:
             import llama_cpp
             from llama_cpp import _logger

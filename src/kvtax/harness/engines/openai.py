@@ -32,8 +32,7 @@ from typing import Any
 from kvtax.errors import KVTaxError
 from kvtax.harness.engines.base import Engine, EngineSpec
 from kvtax.harness.engines.openai_http import Client, ServerError, ServerTokenizer
-from kvtax.harness.engines.proc_memory import ProcRSS
-from kvtax.harness.engines.server_memory import NvmlCounter, pid_for_port
+from kvtax.harness.engines.server_memory import NvmlCounter, ServerRSS, pid_for_port
 
 PATH = "server"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -151,7 +150,7 @@ class OpenAIEngine(Engine):
             return NoCounter()
         if self.spec.options.get("nvml"):
             return NvmlCounter(int(pid))
-        return ProcRSS(int(pid))
+        return ServerRSS(int(pid))
 
     def prompt_ids(self, n: int, seed: int) -> list[int]:
         """`n` tokens of seeded English (the server's tokenizer) after two random words."""
