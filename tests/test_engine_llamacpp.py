@@ -145,6 +145,7 @@ def test_decode_and_generate_agree_with_logprobs(gguf: str, engines: list) -> No
     """Three paths to the same greedy tokens: prefill+decode steps, generate(), and the
     argmax of teacher-forced logprobs over the generated continuation."""
     eng = _loaded(engines, _spec(gguf, "f16", "fa"))
+    assert eng.prefix_ids() == []  # SmolLM2's GGUF adds no BOS
     ids = eng.tokenize("The capital of France is Paris. The capital of Italy is")
     new = eng.generate(ids, 6)
     assert len(new) == 6 and "Rome" in eng.detokenize(new)
@@ -155,6 +156,15 @@ def test_decode_and_generate_agree_with_logprobs(gguf: str, engines: list) -> No
     assert lp.argmax(-1).tolist() == new
     stopped = eng.generate(ids, 6, stop=lambda text: "Rome" in text)
     assert len(stopped) < 6 and stopped == new[:len(stopped)]
+
+
+def test_chat_template_from_the_gguf(gguf: str, engines: list) -> None:
+    eng = _loaded(engines, _spec(gguf, "f16", "fa"))
+    text = eng.render_chat("Where is Rome?")
+    assert text.startswith("<|im_start|>user\nWhere is Rome?<|im_end|>")
+    assert text.rstrip().endswith("<|im_start|>assistant")
+    ids = eng.tokenize(text)
+    assert eng.tokenize("<|im_start|>") == ids[:1]  # parsed as the special token
 
 
 def test_quantized_cache_logprobs_stay_close(gguf: str, engines: list) -> None:

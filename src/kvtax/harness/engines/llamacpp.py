@@ -160,8 +160,7 @@ class LlamaCppEngine(Engine):
             self._pool = [t for t in range(self.n_vocab)
                           if llama_cpp.llama_vocab_get_attr(self._model.vocab, t) & normal]
         rng = random.Random(seed)
-        head = [self._model.token_bos()] if self._model.add_bos_token() else []
-        return (head + [rng.choice(self._pool) for _ in range(n)])[:n]
+        return (self.prefix_ids() + [rng.choice(self._pool) for _ in range(n)])[:n]
 
     # ---- running
 
@@ -253,12 +252,37 @@ class LlamaCppEngine(Engine):
         return new
 
     def tokenize(self, text: str) -> list[int]:
-        """Token ids of `text` (BOS as the model wants it; special tokens such as a chat
-        template's `<|im_start|>` parsed as such)."""
-        return self._model.tokenize(text.encode("utf-8"), self._model.add_bos_token(), True)
+        """Token ids of `text`, no BOS (prefix_ids() gives it); special tokens such as a
+        chat template's `<|im_start|>` are parsed as such."""
+        return self._model.tokenize(text.encode("utf-8"), False, True)
+
+    def prefix_ids(self) -> list[int]:
+        """What the model puts before any text: its BOS, if it adds one."""
+        return [self._model.token_bos()] if self._model.add_bos_token() else []
 
     def detokenize(self, ids: list[int]) -> str:
         return self._model.detokenize(list(ids)).decode("utf-8", "replace")
+
+    def render_chat(self, user_text: str) -> str | None:
+        """One user message in the GGUF's chat template (llama.cpp's built-in renderer
+        of it), ready for the assistant's answer; None if the GGUF has no template."""
+        import llama_cpp
+
+        tmpl = llama_cpp.llama_model_chat_template(self._model.model, None)
+        if not tmpl:
+            return None
+        msg = (llama_cpp.llama_chat_message * 1)()
+        msg[0].role, msg[0].content = b"user", user_text.encode("utf-8")
+        size = 4 * len(user_text) + 1024
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama_cpp.llama_chat_apply_template(tmpl, msg, 1, True, buf, size)
+            if n < 0:
+                return None  # a template llama.cpp cannot render
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", "replace")
+            size = n + 1
+        return None
 
     # ---- what it cost, what ran
 

@@ -83,6 +83,7 @@ class OpenAIEngine(Engine):
         self._distinct: list[str] = []
         self._vocab: dict[str, int] = {}
         self._last: tuple[list[int], str] = ([], "")
+        self._head: list[int] = []
         self.facts: dict[str, Any] = {"url": url}
 
     # ---- planning (parent process)
@@ -136,6 +137,8 @@ class OpenAIEngine(Engine):
             # --model picks among the served models; anything else means the first one.
             self.api_model = self.spec.model if self.spec.model in ids else str(ids[0])
         self.tok = ServerTokenizer(self.client, self.api_model)
+        # What the server's tokenizer puts before any text (BOS), counted in prompts.
+        self._head = self.tok.encode("") if self.tok.found else []
         self._words = _words()
         self._distinct = sorted(set(self._words))
         self.facts.update(api_model=self.api_model, tokenizer_endpoint=self.tok.name,
@@ -154,35 +157,46 @@ class OpenAIEngine(Engine):
         return ServerRSS(int(pid))
 
     def prompt_ids(self, n: int, seed: int) -> list[int]:
-        """`n` tokens of seeded English (the server's tokenizer) after two random words."""
+        """`n` tokens (the server's BOS, then seeded English in the server's tokenizer)
+        after two random words."""
         rng = random.Random(seed)
         # Two words of ~20k distinct ones: a repeat is a 1-in-400-million event.
         words = [w.capitalize() for w in random.SystemRandom().sample(self._distinct, 2)]
+        want = n - len(self._head)
         while True:
-            words += [rng.choice(self._words) for _ in range(max(8, n))]
-            text = " ".join(words)
-            ids = self.tokenize(text)
-            if len(ids) >= n:
+            words += [rng.choice(self._words) for _ in range(max(8, want))]
+            body = self.tokenize(" ".join(words))
+            if len(body) >= want:
                 break
-        ids = ids[:n]
-        sent = self.detokenize(ids)
-        self._texts[tuple(ids)] = sent
+        text = self.detokenize(body[:want])
+        ids = self._head + body[:want]
+        self._texts[tuple(ids)] = text
         if self.tok is not None and self.tok.found:
-            self.facts["prompt_tokens_exact"] = len(self.tok.encode(sent)) == n
+            self.facts["prompt_tokens_exact"] = len(self.tok.encode(text)) == n
         return ids
 
     def tokenize(self, text: str) -> list[int]:
-        """The server's token ids, or (no endpoint) one id per whitespace-led word."""
+        """The server's token ids of `text` without its BOS (prefix_ids() has it), or,
+        with no tokenizer endpoint, one id per whitespace-led word."""
         if self.tok is not None and self.tok.found:
-            return self.tok.encode(text)
+            ids = self.tok.encode(text)
+            return ids[len(self._head):] if ids[:len(self._head)] == self._head else ids
         return [self._vocab.setdefault(w, len(self._vocab))
                 for w in re.findall(r"\s*\S+", text)]
 
+    def prefix_ids(self) -> list[int]:
+        """What the server's tokenizer puts before any text (its BOS, if any)."""
+        return list(self._head)
+
     def detokenize(self, ids: list[int]) -> str:
-        if list(ids) == self._last[0]:
+        """Text of `ids` (a BOS among them contributes nothing)."""
+        ids = list(ids)
+        if ids[:len(self._head)] == self._head:
+            ids = ids[len(self._head):]
+        if ids == self._last[0]:
             return self._last[1]
         if self.tok is not None and self.tok.found:
-            return self.tok.decode(list(ids))
+            return self.tok.decode(ids)
         words = {i: w for w, i in self._vocab.items()}
         return "".join(words[i] for i in ids)
 
@@ -279,15 +293,9 @@ class OpenAIEngine(Engine):
                     break
         finally:
             stream.close()  # type: ignore[attr-defined]
-        new = self._answer_ids(text)
+        new = self.tokenize(text)
         self._last = (new, text)
         return new
-
-    def _answer_ids(self, text: str) -> list[int]:
-        # The server's tokenizer may add BOS; an answer's ids carry none.
-        ids = self.tokenize(text)
-        head = self.tokenize("") if self.tok is not None and self.tok.found else []
-        return ids[len(head):] if ids[:len(head)] == head else ids
 
     def info(self) -> dict[str, Any]:
         """The server, how prompts were sized, and what the stream really carried."""
