@@ -56,15 +56,17 @@ def test_log_watch_reads_flash_attention_and_kv_size() -> None:
     w.add(5, "K (q8_0):    5.62 MiB, V (q4_0):    5.62 MiB\n")
     w.add(3, "resolve_fused_ops: Flash Attention not supported, set to disabled\n")
     assert w.flash_attn_asked() == "auto"
-    assert w.flash_attn("auto") is False and w.flash_attn("fa") is False
+    assert w.flash_attn() is False
     kv = w.kv_cache()
     assert kv is not None and kv["cells"] == 1024 and kv["layers"] == 30
     assert (kv["type_k"], kv["type_v"]) == ("q8_0", "q4_0")
     assert kv["bytes"] == round(11.25 * MIB)
     assert "set to disabled" in w.errors() and len(w.warnings) == 1
     assert not any("inp_pos" in line for line in w.lines)
-    assert kvt.LogWatch().flash_attn("auto") is None
-    assert kvt.LogWatch().flash_attn("nofa") is False
+    assert kvt.LogWatch().flash_attn() is None
+    off = kvt.LogWatch()
+    off.add(2, "llama_context: flash_attn    = disabled\n")
+    assert off.flash_attn() is False
 
 
 # ----------------------------------------------------------------------------- real model

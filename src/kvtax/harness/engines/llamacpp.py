@@ -313,7 +313,7 @@ class LlamaCppEngine(Engine):
         """Which attention path ran, the cache llama.cpp built, and the build."""
         import llama_cpp
 
-        fa = self.log.flash_attn(self.spec.path)
+        fa = self.log.flash_attn()
         ran = None if fa is None else ("fa" if fa else "nofa")
         as_requested = ran is not None and (self.spec.path == "auto" or ran == self.spec.path)
         kv = self.log.kv_cache()

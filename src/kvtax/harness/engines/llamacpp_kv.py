@@ -112,10 +112,11 @@ class LogWatch:
         if level in (3, 4):
             self.warnings.append(text.strip())
 
-    def flash_attn(self, requested: str) -> bool | None:
-        """Whether flash attention ran, given the path asked for ("fa" / "nofa" / "auto"):
-        the last settling line wins; None when auto and llama.cpp never said."""
-        state: bool | None = {"fa": True, "nofa": False}.get(requested)
+    def flash_attn(self) -> bool | None:
+        """Whether flash attention ran: the setting the context logged it was created
+        with, then the last line where llama.cpp settled "auto" or overrode it; None
+        when the log never said."""
+        state = {"enabled": True, "disabled": False}.get(self.flash_attn_asked() or "")
         for line in self.lines:
             for pattern, after in _FA_LINES:
                 if pattern.search(line):
