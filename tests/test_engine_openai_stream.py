@@ -6,17 +6,20 @@ The end-to-end check against a real server is tests/test_engine_openai.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 
 from kvtax.errors import KVTaxError
-from kvtax.harness.engines.base import EngineSpec
+from kvtax.harness.engines.base import EngineSpec, EngineUnavailable
 from kvtax.harness.engines.openai import OpenAIEngine
 from kvtax.harness.engines.openai_http import ServerError
 from kvtax.harness.engines import server_memory
@@ -81,8 +84,8 @@ def fake() -> Iterator[tuple[Script, str]]:
         server.server_close()
 
 
-def _engine(url: str, **options: object) -> OpenAIEngine:
-    eng = OpenAIEngine(EngineSpec(model="fake", kv="f16", path="server",
+def _engine(url: str, capacity: int | None = None, **options: object) -> OpenAIEngine:
+    eng = OpenAIEngine(EngineSpec(model="fake", kv="f16", path="server", capacity=capacity,
                                   options={"url": url, "timeout_s": 10, **options}))
     eng.load()
     return eng
@@ -102,7 +105,7 @@ def test_stream_counts_chunks_and_reads_usage(fake: tuple[Script, str]) -> None:
                      _sse({"choices": [{"text": "", "finish_reason": "length"}],
                            "usage": {"prompt_tokens": 5, "completion_tokens": 5}}),
                      _sse("[DONE]")]
-    eng = _engine(url, max_tokens=4)
+    eng = _engine(url, capacity=6 + 4)
     assert eng.facts["prompt_tokens_approx"] is True  # the fake has no tokenizer
     ids = eng.prompt_ids(6, seed=1)
     assert len(ids) == 6 and eng.detokenize(ids).split() == eng._text(ids).split()
@@ -125,7 +128,7 @@ def test_stream_counts_chunks_and_reads_usage(fake: tuple[Script, str]) -> None:
 def test_stream_ending_early_is_an_error(fake: tuple[Script, str]) -> None:
     script, url = fake
     script.events = [_sse(_chunk("A")), _sse(_chunk("B")), _sse("[DONE]")]
-    eng = _engine(url, max_tokens=8)
+    eng = _engine(url, capacity=4 + 8)
     eng.prefill(eng.prompt_ids(4, seed=0))
     with pytest.raises(KVTaxError, match="ended the stream after 2 chunks"):
         eng.decode(5)
@@ -173,6 +176,36 @@ def test_pid_for_port_finds_this_process(fake: tuple[Script, str]) -> None:
     assert counter.kind == "server_rss" and eng.facts["server_pid"] == os.getpid()
     counter.reset()
     assert counter.peak() >= counter.current() > 0
+
+
+def test_nvml_counter_reads_the_servers_processes(monkeypatch, fake: tuple[Script, str]) -> None:
+    """GPU bytes of the server's pid summed over GPUs (a stand-in pynvml: no GPU here);
+    without pynvml the option is one line naming the package."""
+    _, url = fake
+    used = {"bytes": 1 << 30}
+
+    def procs(handle: int) -> list:
+        return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=used["bytes"] * (handle + 1)),
+                SimpleNamespace(pid=1, usedGpuMemory=5 << 30)]
+
+    nvml = SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2,
+                           nvmlDeviceGetHandleByIndex=lambda i: i,
+                           nvmlDeviceGetComputeRunningProcesses=procs)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    counter = _engine(url, nvml=True).memory_counter()
+    assert counter.kind == "nvml_process"
+    counter.reset()
+    used["bytes"] = 2 << 30
+    assert counter.current() == 3 * (2 << 30)
+    time.sleep(0.1)  # the sampling thread polls every 10 ms
+    used["bytes"] = 1 << 30
+    assert counter.peak() == 3 * (2 << 30)
+    counter.close()
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(EngineUnavailable, match="pip install nvidia-ml-py"):
+        _engine(url, nvml=True).memory_counter()
 
 
 def test_server_rss_samples_where_the_peak_cannot_be_reset(monkeypatch) -> None:

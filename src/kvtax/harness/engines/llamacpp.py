@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import os
 import random
+import time
 from typing import Any
 
 from kvtax.errors import KVTaxError
@@ -99,7 +100,8 @@ class LlamaCppEngine(Engine):
         self._check_arm()
         self._install_log(llama_cpp)
         mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = int(self.spec.options.get("n_gpu_layers", 0))
+        # All layers on the GPU when one is asked for (a CUDA/Metal build), none on CPU.
+        mparams.n_gpu_layers = 0 if self.spec.device == "cpu" else 0x7FFFFFFF
         self._model = _internals.LlamaModel(path_model=self.spec.model, params=mparams,
                                             verbose=False)
         self.n_vocab = self._model.n_vocab()
@@ -115,7 +117,7 @@ class LlamaCppEngine(Engine):
 
     def _cparams(self, llama_cpp: Any) -> Any:
         p = llama_cpp.llama_context_default_params()
-        self.n_ctx = int(self.spec.capacity or self.spec.options.get("n_ctx", DEFAULT_CTX))
+        self.n_ctx = int(self.spec.capacity or DEFAULT_CTX)
         self.n_batch = max(1, min(int(self.spec.chunk_size), self.n_ctx))
         threads = int(self.spec.threads or os.cpu_count() or 1)
         p.n_ctx, p.n_batch, p.n_ubatch = self.n_ctx, self.n_batch, self.n_batch
@@ -208,8 +210,6 @@ class LlamaCppEngine(Engine):
 
     def decode(self, n: int) -> list[float]:
         """`n` greedy steps, one token each, EOS ignored; wall ms per step."""
-        import time
-
         if self._next is None:
             raise KVTaxError("llama.cpp engine: decode() before prefill()")
         samples = []

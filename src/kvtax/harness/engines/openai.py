@@ -23,6 +23,7 @@ reaches the engine as `spec.options["urls"][kv]` (or `spec.options["url"]`).
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import re
 import time
@@ -30,13 +31,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from kvtax.errors import KVTaxError
-from kvtax.harness.engines.base import Engine, EngineSpec
+from kvtax.harness.engines.base import Engine, EngineSpec, EngineUnavailable
 from kvtax.harness.engines.openai_http import Client, ServerError, ServerTokenizer
 from kvtax.harness.engines.server_memory import NvmlCounter, ServerRSS, pid_for_port
 
 PATH = "server"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 BASELINE_NAMES = ("f16", "fp16", "bf16", "auto")
+DEFAULT_NEW_TOKENS = 128  # tokens asked for when the cell gives no capacity
 
 
 def _words() -> list[str]:
@@ -75,7 +77,7 @@ class OpenAIEngine(Engine):
             raise KVTaxError(f"engine openai: no URL for arm {spec.kv!r}; pass --url "
                              f"{spec.kv}=http://HOST:PORT")
         self.client = Client(url, timeout_s=float(spec.options.get("timeout_s", 120)))
-        self.api_model = str(spec.options.get("api_model") or "")
+        self.api_model = ""
         self.tok: ServerTokenizer | None = None
         self._stream: Iterator[dict] | None = None
         self._texts: dict[tuple[int, ...], str] = {}
@@ -131,11 +133,10 @@ class OpenAIEngine(Engine):
         """Reach the server, pick its model id, find its tokenizer endpoint."""
         models = self.client.get("/v1/models").get("data") or []
         ids = [m.get("id") for m in models if isinstance(m, dict)]
-        if not self.api_model:
-            if not ids:
-                raise ServerError(f"server {self.client.url} lists no model at /v1/models")
-            # --model picks among the served models; anything else means the first one.
-            self.api_model = self.spec.model if self.spec.model in ids else str(ids[0])
+        if not ids:
+            raise ServerError(f"server {self.client.url} lists no model at /v1/models")
+        # --model picks among the served models; anything else means the first one.
+        self.api_model = self.spec.model if self.spec.model in ids else str(ids[0])
         self.tok = ServerTokenizer(self.client, self.api_model)
         # What the server's tokenizer puts before any text (BOS), counted in prompts.
         self._head = self.tok.encode("") if self.tok.found else []
@@ -153,6 +154,9 @@ class OpenAIEngine(Engine):
         if pid is None:
             return NoCounter()
         if self.spec.options.get("nvml"):
+            if importlib.util.find_spec("pynvml") is None:
+                raise EngineUnavailable("--engine-option nvml=true needs pynvml: "
+                                        "pip install nvidia-ml-py")
             return NvmlCounter(int(pid))
         return ServerRSS(int(pid))
 
@@ -160,7 +164,7 @@ class OpenAIEngine(Engine):
         """`n` tokens (the server's BOS, then seeded English in the server's tokenizer)
         after two random words."""
         rng = random.Random(seed)
-        # Two words of ~20k distinct ones: a repeat is a 1-in-400-million event.
+        # Two of ~3,700 distinct words: the same pair twice is a 1-in-13-million event.
         words = [w.capitalize() for w in random.SystemRandom().sample(self._distinct, 2)]
         want = n - len(self._head)
         while True:
@@ -208,9 +212,8 @@ class OpenAIEngine(Engine):
     def prefill(self, ids: list[int]) -> None:
         """Send the streamed completion; return when the first token arrives."""
         self.close_stream()
-        cap = self.spec.capacity
-        max_tokens = int(self.spec.options.get("max_tokens")
-                         or (cap - len(ids) if cap and cap > len(ids) else 128))
+        cap = self.spec.capacity  # prompt + every token the cell will read
+        max_tokens = cap - len(ids) if cap and cap > len(ids) else DEFAULT_NEW_TOKENS
         body = {"model": self.api_model, "prompt": self._text(ids), "max_tokens": max_tokens,
                 "min_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0,
                 "stream": True, "stream_options": {"include_usage": True}}
