@@ -124,6 +124,10 @@ def test_prefill_then_decode(gguf: str, engines: list) -> None:
     info = eng.info()
     assert info["flash_attn"] is True and info["arm_as_requested"] is True
     assert info["n_batch"] == 64 and info["n_threads"] == 2
+    # prompt + the 4 decoded tokens are in the cache (the last token read is not yet)
+    assert info["n_past"] == 96 + 4
+    held = eng.bytes_per_token() * info["n_past"]
+    assert held <= info["state_bytes"] < held + eng.n_vocab * 4 * 2 + (1 << 20)
 
 
 def test_quantized_v_without_flash_attention_is_refused(gguf: str, engines: list) -> None:

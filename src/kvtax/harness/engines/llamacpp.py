@@ -328,6 +328,10 @@ class LlamaCppEngine(Engine):
             "n_batch": self.n_batch,
             "n_threads": self.threads,
             "kv_cache_log": kv,
+            # llama.cpp's own count of the state it would save now: the cells in use
+            # (not the whole allocation) plus logits and a small header.
+            "state_bytes": self._ctx.get_state_size() if self._ctx is not None else None,
+            "n_past": self._n_past,
             "model_desc": self._model.desc() if self._model is not None else None,
             "system_info": llama_cpp.llama_print_system_info().decode().strip(),
             "llama_warnings": self.log.warnings[-5:],
