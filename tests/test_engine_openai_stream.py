@@ -96,12 +96,14 @@ def _sse(obj: dict | str) -> str:
 
 
 def test_stream_counts_chunks_and_reads_usage(fake: tuple[Script, str]) -> None:
-    """Pings and empty role chunks are not tokens; usage gives ms/token when a chunk
+    """Pings, field lines and empty role chunks are not tokens, data lines of one event
+    join (the SSE rule); usage gives ms/token when a chunk
     carries two tokens; the request asks for greedy, EOS-free, usage-reporting output."""
     script, url = fake
     script.events = [": ping\n\n", _sse({"choices": [{"text": "", "index": 0}]}),
                      _sse(_chunk("A")), _sse(_chunk(" b")), "event: x\n" + _sse(_chunk(" cd")),
-                     _sse(_chunk(" e")),
+                     # one event's JSON over two data lines, an id field between them
+                     'data: {"choices": [{"text": " e",\nid: 7\ndata: "index": 0}]}\n\n',
                      _sse({"choices": [{"text": "", "finish_reason": "length"}],
                            "usage": {"prompt_tokens": 5, "completion_tokens": 5}}),
                      _sse("[DONE]")]
