@@ -96,9 +96,9 @@ def _sse(obj: dict | str) -> str:
 
 
 def test_stream_counts_chunks_and_reads_usage(fake: tuple[Script, str]) -> None:
-    """Pings, field lines and empty role chunks are not tokens, data lines of one event
-    join (the SSE rule); usage gives ms/token when a chunk
-    carries two tokens; the request asks for greedy, EOS-free, usage-reporting output."""
+    """Pings, field lines and empty role chunks are not tokens; data lines of one event
+    join (the SSE rule); usage (5 tokens in 4 chunks) gives ms/token; the request asks
+    for greedy, EOS-free, usage-reporting output."""
     script, url = fake
     script.events = [": ping\n\n", _sse({"choices": [{"text": "", "index": 0}]}),
                      _sse(_chunk("A")), _sse(_chunk(" b")), "event: x\n" + _sse(_chunk(" cd")),
