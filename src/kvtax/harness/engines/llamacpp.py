@@ -53,6 +53,8 @@ class LlamaCppEngine(Engine):
         self._n_past = 0
         self._next: int | None = None
         self._pool: list[int] | None = None
+        self.n_batch: int | None = None  # set by load(); info() also runs after a failed one
+        self.threads: int | None = None
 
     # ---- planning (parent process)
 
