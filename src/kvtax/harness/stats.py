@@ -83,13 +83,16 @@ def points(
 ) -> list[Point]:
     """Median and robust CV of `metric` per (model, arm, context); noisy points flagged.
 
-    A point is flagged when its CV exceeds `cv_threshold`, or when any of its rows saw
-    the device clock drop during the cell (throttling).
+    A point is flagged when any of its rows did not run as its arm asked (an engine's
+    `engine_info.arm_as_requested` false: e.g. llama.cpp turned flash attention off),
+    when its CV exceeds `cv_threshold`, or when any of its rows saw the device clock
+    drop during the cell (throttling).
     """
     from kvtax.harness.devinfo import throttled
 
     groups: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     hot: dict[tuple[str, str, int], int] = defaultdict(int)
+    other: dict[tuple[str, str, int], str] = {}
     for r in rows:
         if not usable(r, kind) or r.get(metric) is None:
             continue
@@ -97,11 +100,16 @@ def points(
         groups[key].append(float(r[metric]))
         if throttled(r.get("clocks_start"), r.get("clocks_end")):
             hot[key] += 1
+        info = r.get("engine_info") or {}
+        if info.get("arm_as_requested") is False:
+            other[key] = str(info.get("arm_note") or "the engine ran another setting")
     out = []
     for (model, arm, ctx), vals in sorted(groups.items()):
         cv = robust_cv(vals)
         p = Point(model, arm, ctx, metric, vals, median(vals), cv)
-        if cv is not None and cv > cv_threshold:
+        if (model, arm, ctx) in other:
+            p.flagged, p.reason = True, f"not run as asked: {other[(model, arm, ctx)]}"
+        elif cv is not None and cv > cv_threshold:
             p.flagged, p.reason = True, f"robust CV {cv:.3f} > {cv_threshold:.2f}"
         elif hot[(model, arm, ctx)]:
             p.flagged, p.reason = True, f"clock dropped during {hot[(model, arm, ctx)]} rep(s)"
