@@ -16,8 +16,19 @@ peaks in bytes per phase (CUDA: allocated, reset at phase start; CPU: peak RSS, 
 /proc/self/clear_refs). Rows are fsynced one at a time; --resume RUN_DIR finishes a run
 that was interrupted (even by SIGKILL) without losing or repeating a cell.
 
+--engine NAME measures another stack with the same protocol (fresh process per cell,
+interleaved repetitions, per-phase peaks from the engine's own memory counter, resume,
+failures as rows): kvtax (default, the arms above), transformers, llama.cpp, mlx-lm,
+openai. Its --kv and --paths are the engine's own (e.g. llama.cpp --kv f16,q8_0,q4_0
+--flash-attn on,off); a missing engine package stops before any cell with the command
+that installs it.
+
 Examples:
   kvtax bench
+  kvtax bench --engine llama.cpp --model SmolLM2-135M-Instruct.Q4_1.gguf \\
+      --kv f16,q8_0,q4_0 --flash-attn on,off --threads 4 --contexts 512,1k,2k
+  kvtax bench --engine openai --url fp16=http://127.0.0.1:8000 \\
+      --url int8=http://127.0.0.1:8001 --contexts 1k,4k
   kvtax bench --device cuda --model llama-3.1-8b --contexts 4k,16k,32k,64k,128k \\
       --kv fp16,int8,int4 --paths fused,fp16,unfused,dequant --reps 5 --presize
   kvtax bench --resume runs/20260101T000000Z-bench-tiny
@@ -32,6 +43,9 @@ import shlex
 import sys
 from pathlib import Path
 from typing import Any
+
+from kvtax.cli.options import add_engine, engine_options
+from kvtax.errors import KVTaxError
 
 DEFAULT_CPU_CONTEXTS = "128,256,512,1024"
 
@@ -68,18 +82,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--contexts", type=parse_contexts, default=None,
                    help=f"prompt lengths, k = 1024 (default {DEFAULT_CPU_CONTEXTS} on CPU, "
                         "4k,16k,32k,64k,128k on CUDA)")
-    p.add_argument("--kv", type=_csv, default=["fp16", "int8", "int4"],
-                   help="KV formats: fp16,int8,int4,fp8,k8v4,int4-g32 ... (default fp16,int8,int4)")
-    p.add_argument("--paths", type=_csv,
-                   default=["fused", "fp16", "unfused", "dequant", "hf-quantized"],
+    add_engine(p, extra="; kvtax's arms are the paths below")
+    p.add_argument("--kv", type=_csv, default=None,
+                   help="KV formats: fp16,int8,int4,fp8,k8v4,int4-g32 ... (default fp16,int8,int4); "
+                        "another engine's own cache settings (its default otherwise)")
+    p.add_argument("--paths", type=_csv, default=None,
                    help="attention paths (default all: fused,fp16,unfused,dequant,hf-quantized; "
-                        "an arm that cannot run here gets rows with status unavailable)")
+                        "an arm that cannot run here gets rows with status unavailable); "
+                        "another engine's own paths (its default otherwise)")
+    p.add_argument("--flash-attn", type=_csv, default=None, metavar="on,off",
+                   help="llama.cpp: flash attention on, off or both (the paths fa / nofa; "
+                        "default on)")
     p.add_argument("--reps", type=int, default=3, help="repetitions per cell (default 3)")
     p.add_argument("--warmup", type=int, default=1,
                    help="warm-up cells per arm, run first and excluded from statistics (default 1)")
     p.add_argument("--decode-tokens", type=int, default=16,
                    help="timed decode steps per cell, EOS ignored (default 16)")
-    p.add_argument("--chunk-size", type=int, default=2048, help="prefill chunk (default 2048)")
+    p.add_argument("--chunk-size", type=int, default=2048,
+                   help="prefill chunk in tokens (llama.cpp's n_batch, mlx-lm's "
+                        "prefill_step_size; default 2048)")
     p.add_argument("--phases", type=_csv, default=["prefill", "decode"],
                    help="prefill,decode (default both); 'decode' alone runs prefill unmeasured")
     p.add_argument("--presize", action="store_true",
@@ -105,8 +126,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cv-threshold", type=float, default=0.10,
                    help="robust CV above which a cell is flagged and left out of fits (0.10)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per CPU cell (default 1: batch-1 ops are too small "
-                        "to split and a thread pool adds noise)")
+                   help="threads per CPU cell, torch's or the engine's (default 1: batch-1 "
+                        "ops are too small to split and a thread pool adds noise)")
     p.add_argument("--worker", choices=["forkserver", "subprocess"], default="forkserver",
                    help="fresh process per cell: forked from a preloaded server (default) "
                         "or a new interpreter each time")
@@ -152,6 +173,33 @@ def _limits(text: str) -> dict[str, int]:
     return out
 
 
+FLASH_ATTN_PATHS = {"on": "fa", "off": "nofa"}  # llama.cpp's path names (engines/base.py)
+
+
+def engine_arms(args: argparse.Namespace) -> tuple[list[str], list[str], dict[str, Any]]:
+    """(kvs, paths, engine_options) from --engine and its flags (engine defaults applied)."""
+    if args.engine == "kvtax":
+        if args.flash_attn or args.url or args.engine_option:
+            raise argparse.ArgumentTypeError(
+                "--flash-attn, --url and --engine-option need --engine (not kvtax)")
+        return (args.kv or ["fp16", "int8", "int4"],
+                args.paths or ["fused", "fp16", "unfused", "dequant", "hf-quantized"], {})
+    from kvtax.harness.engines import require_engine
+
+    eng = require_engine(args.engine)  # missing package: one line naming its install command
+    options = engine_options(args)
+    kvs, paths = args.kv, args.paths
+    if args.url:
+        kvs = kvs or list(options["urls"])
+    if args.flash_attn:
+        bad = [f for f in args.flash_attn if f not in FLASH_ATTN_PATHS]
+        if bad or paths:
+            raise argparse.ArgumentTypeError(
+                "--flash-attn takes on, off or on,off, and replaces --paths")
+        paths = [FLASH_ATTN_PATHS[f] for f in args.flash_attn]
+    return kvs or eng.default_kvs(), paths or eng.default_paths(), options
+
+
 def _config(args: argparse.Namespace) -> Any:
     from kvtax.harness.plan import SweepConfig
 
@@ -164,8 +212,13 @@ def _config(args: argparse.Namespace) -> Any:
         if isinstance(claims, dict):
             claims = claims.get("claims", [])
     hq, _, hkv = args.heads.partition("/")
+    kvs, paths, options = engine_arms(args)
+    if args.engine != "kvtax" and args.level != "model":
+        raise argparse.ArgumentTypeError(f"--level {args.level} is kvtax's own; engine "
+                                         f"{args.engine} measures whole models")
     return SweepConfig(
-        model=args.model, level=args.level, contexts=contexts, kvs=args.kv, paths=args.paths,
+        engine=args.engine, engine_options=options,
+        model=args.model, level=args.level, contexts=contexts, kvs=kvs, paths=paths,
         reps=args.reps, warmup=args.warmup, decode_tokens=args.decode_tokens,
         chunk_size=args.chunk_size, phases=args.phases, presize=args.presize,
         quantized_kv_start=args.quantized_kv_start, seed=args.seed, device=args.device,
@@ -181,7 +234,7 @@ def _config(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from kvtax.harness.capacity import parse_size
     from kvtax.harness.store import RunStore
-    from kvtax.harness.sweep import run_sweep
+    from kvtax.harness.sweep import check_engine, run_sweep
 
     overrides: dict[str, Any] = {}
     if args.mem_limit:
@@ -196,7 +249,11 @@ def run(args: argparse.Namespace) -> int:
         if args.timeout:
             cfg.timeout_s = args.timeout
     else:
-        cfg = _config(args)
+        try:
+            cfg = _config(args)
+        except (argparse.ArgumentTypeError, KVTaxError) as exc:
+            print(f"kvtax bench: {exc}", file=sys.stderr)
+            return 2
         if cfg.device.startswith("cuda"):
             import torch
 
@@ -204,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
                 print("kvtax bench: --device cuda but torch sees no CUDA device", file=sys.stderr)
                 return 2
     try:
+        check_engine(cfg)  # a missing engine package: one line naming its install command
         cfg.arms()
     except Exception as exc:  # a format or path the user mistyped
         print(f"kvtax bench: {exc}", file=sys.stderr)

@@ -16,10 +16,16 @@ keys in fp16 and reads the rest from int4.
 
 Rows (kind "quality") go to a new run folder; `kvtax report RUN` renders the tables.
 
+--engine NAME (transformers, llama.cpp, mlx-lm, ...) scores that engine's cache settings
+(--kv, and --paths) against the same engine's unquantized arm on the same text: KL, top-1
+and perplexity from the engine's own logits; per-layer attention error is kvtax's alone.
+
 Examples:
   kvtax quality --model tiny --contexts 256 --kv int8,int4          # smoke test, random weights
   kvtax quality --model SmolLM2-135M-Instruct.Q4_1.gguf --contexts 512,2048 \\
       --kv int8,int4,int4+hk,int4+hkv,int4+hk@s4r128,k8v4
+  kvtax quality --engine llama.cpp --model SmolLM2-135M-Instruct.Q4_1.gguf --contexts 512 \\
+      --kv f16,q8_0,q4_0 --tail 64
   kvtax quality --resume runs/20260101T000000Z-quality             # finish an interrupted run
 """
 
@@ -29,7 +35,10 @@ import argparse
 import shlex
 import sys
 
-from kvtax.cli.options import add_model_dtype, add_run_folder
+from typing import Any
+
+from kvtax.cli.options import add_engine, add_model_dtype, add_run_folder, engine_options
+from kvtax.errors import KVTaxError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,17 +54,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default tiny)")
     p.add_argument("--contexts", default="512,2048",
                    help="comma-separated context lengths in tokens (default 512,2048)")
-    p.add_argument("--kv", default="int8,int8+hk,int4,int4+hk",
+    p.add_argument("--kv", default=None,
                    help="comma-separated KV formats compared with the baseline (default "
                         "int8,int8+hk,int4,int4+hk); `FMT/L0:fp16/L8:int8` keeps the "
-                        "listed layers in another format")
+                        "listed layers in another format; another engine's own cache settings "
+                        "(default: the engine's)")
+    add_engine(p)
+    p.add_argument("--paths", default=None,
+                   help="another engine's attention paths, comma-separated (default: the "
+                        "engine's, e.g. llama.cpp fa)")
     p.add_argument("--tail", type=int, default=128,
                    help="scored positions: the last N of each context (default 128)")
     p.add_argument("--text", default=None,
                    help="text file to score (default: the prose of CPython's "
                         "pydoc_data/topics.py)")
-    p.add_argument("--baseline", default="fp16",
-                   help="KV format of the reference run (default fp16)")
+    p.add_argument("--baseline", default=None,
+                   help="KV format of the reference run (default fp16; another engine: its "
+                        "unquantized arm)")
     p.add_argument("--sliding-kv", default=None,
                    help="KV format of sliding-window layers (default: the arm's format)")
     # float32 on CUDA too: a bf16 model amplifies any perturbation of the cache, so KL
@@ -75,9 +90,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _command(args: argparse.Namespace, dtype: str) -> str:
     """The command line that reproduces this run, every default spelled out."""
     words = ["kvtax", "quality", "--model", args.model, "--contexts", args.contexts,
-             "--kv", args.kv, "--tail", str(args.tail), "--baseline", args.baseline,
-             "--device", args.device, "--dtype", dtype, "--chunk-size", str(args.chunk_size)]
-    for flag, value in (("--text", args.text), ("--sliding-kv", args.sliding_kv)):
+             "--kv", args.kv, "--tail", str(args.tail), "--device", args.device,
+             "--dtype", dtype, "--chunk-size", str(args.chunk_size)]
+    if args.engine != "kvtax":
+        words += ["--engine", args.engine]
+        words += [w for u in args.url for w in ("--url", u)]
+        words += [w for o in args.engine_option for w in ("--engine-option", o)]
+    for flag, value in (("--text", args.text), ("--sliding-kv", args.sliding_kv),
+                        ("--baseline", args.baseline), ("--paths", args.paths),
+                        ("--threads", args.threads)):
         if value is not None:
             words += [flag, str(value)]
     return shlex.join(words)
@@ -88,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
 
     from kvtax.errors import FormatError
     from kvtax.harness.quality import QualityConfig, QualityInputError, run_quality
-    from kvtax.harness.quality_report import quality_text_table
-    from kvtax.harness.store import read_rows
 
     if args.threads is not None:
         torch.set_num_threads(max(1, args.threads))
@@ -98,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"--contexts takes integers like 512,2048, not {args.contexts!r}", file=sys.stderr)
         return 2
+    engine = _stored_engine(args.resume) if args.resume else args.engine
+    if engine != "kvtax":
+        return _run_engine(args, engine, contexts)
+    args.kv = args.kv or "int8,int8+hk,int4,int4+hk"
+    args.baseline = args.baseline or "fp16"
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
     dtype = args.dtype or "float32"
     cfg = QualityConfig(
@@ -110,6 +134,13 @@ def run(args: argparse.Namespace) -> int:
     except (QualityInputError, FormatError, FileNotFoundError) as exc:
         print(f"kvtax quality: {exc}", file=sys.stderr)
         return 2
+    return _finish(args, run_dir)
+
+
+def _finish(args: argparse.Namespace, run_dir: Any) -> int:
+    from kvtax.harness.quality_report import quality_text_table
+    from kvtax.harness.store import read_rows
+
     print()
     print(quality_text_table(read_rows(run_dir)))
     if not args.no_report:
@@ -118,3 +149,47 @@ def run(args: argparse.Namespace) -> int:
         print(f"report: {write_report(run_dir)}")
     print(f"run folder: {run_dir}")
     return 0
+
+
+def _stored_engine(run_dir: str) -> str:
+    """The engine a run folder was made with (kvtax for runs made before engines)."""
+    from kvtax.harness.store import RunStore
+
+    return str(RunStore.open(run_dir).config().get("engine") or "kvtax")
+
+
+def _run_engine(args: argparse.Namespace, engine: str, contexts: list[int]) -> int:
+    """Another engine's arms against its own unquantized arm (harness.quality_engine)."""
+    from dataclasses import replace
+
+    from kvtax.harness.quality import QualityConfig, QualityInputError, check_config
+    from kvtax.harness.quality_engine import EngineQuality, run_engine_quality
+    from kvtax.harness.store import RunStore
+
+    if args.resume:
+        stored = RunStore.open(args.resume).config()
+        cfg = QualityConfig(**{k: v for k, v in stored.items()
+                               if k in QualityConfig.__dataclass_fields__})
+        eq = EngineQuality(engine, list(stored.get("engine_paths") or []),
+                           stored.get("engine_threads"), stored.get("engine_options") or {})
+    else:
+        from kvtax.harness.engines import require_engine
+
+        cls = require_engine(engine)  # a missing package: one line naming its install
+        dtype = args.dtype or "float32"
+        kvs = [k.strip() for k in (args.kv or "").split(",") if k.strip()] or cls.default_kvs()
+        args.kv = ",".join(kvs)
+        cfg = QualityConfig(model=args.model, contexts=contexts, kvs=kvs, tail=args.tail,
+                            text=args.text, baseline=args.baseline or "", device=args.device,
+                            dtype=dtype, chunk_size=args.chunk_size,
+                            command=_command(args, dtype))
+        paths = [p.strip() for p in (args.paths or "").split(",") if p.strip()]
+        eq = EngineQuality(engine, paths, args.threads, engine_options(args))
+    try:
+        # The numeric checks (contexts, tail, chunk, text); formats are the engine's to judge.
+        check_config(replace(cfg, kvs=[], baseline="fp16", sliding_kv=None))
+        run_dir = run_engine_quality(cfg, eq, args.out, name=args.name, resume=args.resume)
+    except (QualityInputError, KVTaxError, FileNotFoundError, argparse.ArgumentTypeError) as exc:
+        print(f"kvtax quality: {exc}", file=sys.stderr)
+        return 2
+    return _finish(args, run_dir)

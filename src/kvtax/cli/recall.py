@@ -11,6 +11,8 @@ Rows (kind "recall") go to a new run folder; a report (report.md) is written at 
 Examples:
   kvtax recall --model tiny --contexts 512 --facts 4           # smoke test, random weights
   kvtax recall --model SmolLM2-135M-Instruct.Q4_1.gguf --contexts 1024,2048 --kv fp16,int8,int4
+  kvtax recall --engine llama.cpp --model SmolLM2-135M-Instruct.Q4_1.gguf --contexts 1024 \\
+      --kv f16,q8_0,q4_0
   kvtax recall --resume runs/20260101T000000Z-recall           # finish an interrupted run
 """
 
@@ -20,7 +22,8 @@ import argparse
 import shlex
 import sys
 
-from kvtax.cli.options import add_model_dtype, add_run_folder
+from kvtax.cli.options import add_engine, add_model_dtype, add_run_folder, engine_options
+from kvtax.errors import KVTaxError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,21 +38,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default tiny)")
     p.add_argument("--contexts", default="1024,2048",
                    help="comma-separated prompt lengths in tokens, exact (default 1024,2048)")
-    p.add_argument("--kv", default="fp16,int8,int4",
+    p.add_argument("--kv", default=None,
                    help="comma-separated arms, FORMAT[/PATH]; the unquantized one runs first. "
                         "kvtax engine: formats on the fused path. hf engine: 'native' is "
                         "transformers' own cache, FORMAT is kvtax's cache through the adapter, "
                         "FORMAT/hf-quantized is transformers' QuantizedCache. kvtax engine "
                         "also: hybrid specs (int4-g32+hk+ck@s4r128: fp16 sinks/recent) and "
-                        "per-layer formats (int8+hk+ck/L0:fp16) (default fp16,int8,int4)")
+                        "per-layer formats (int8+hk+ck/L0:fp16) (default fp16,int8,int4; "
+                        "another engine: its own names, default the engine's)")
     p.add_argument("--facts", type=int, default=8, help="facts planted per prompt (default 8)")
     p.add_argument("--seed", type=int, default=0, help="fact values and subjects (default 0)")
     p.add_argument("--filler", default=None,
                    help="text file of filler paragraphs (default: the prose of CPython's "
                         "pydoc_data/topics.py)")
-    p.add_argument("--engine", choices=("auto", "kvtax", "hf"), default="auto",
-                   help="kvtax runner (every KV format) or transformers' own cache "
-                        "(unquantized only); auto: kvtax when it can load the model")
+    add_engine(p, default="auto",
+               extra="; kvtax: the runner, every KV format; hf: transformers' own cache; "
+                     "auto: kvtax when it can load the model, else hf; another engine runs "
+                     "its own --kv names, KV or KV/PATH")
     add_model_dtype(p)
     p.add_argument("--chunk-size", type=int, default=2048, help="prefill chunk in tokens "
                    "(default 2048)")
@@ -75,7 +80,25 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
             words += [flag, str(value)]
     if args.no_chat:
         words.append("--no-chat")
+    words += [w for u in args.url for w in ("--url", u)]
+    words += [w for o in args.engine_option for w in ("--engine-option", o)]
     return shlex.join(words)
+
+
+KVTAX_ENGINES = ("auto", "kvtax", "hf")  # recall_models' own loaders
+
+
+def _engine_arms(engine: str, kv_text: str | None) -> list[str]:
+    """Another engine's arms (its defaults when --kv is not given); refuses (one line) a
+    missing engine package or an arm the engine does not know, before any folder is made."""
+    from kvtax.harness.engines import require_engine
+
+    cls = require_engine(engine)
+    kvs = [k.strip() for k in (kv_text or "").split(",") if k.strip()] or cls.default_kvs()
+    for arm in kvs:
+        kv, _, path = arm.partition("/")
+        cls.arms([kv], [path or cls.default_paths()[0]])
+    return kvs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,8 +111,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"--contexts takes integers like 1024,2048, not {args.contexts!r}", file=sys.stderr)
         return 2
+    options: dict = {}
+    if args.engine not in KVTAX_ENGINES and not args.resume:
+        try:
+            args.kv = ",".join(_engine_arms(args.engine, args.kv))
+            options = engine_options(args)
+        except (KVTaxError, ValueError, argparse.ArgumentTypeError) as exc:
+            print(f"kvtax recall: {exc}", file=sys.stderr)
+            return 2
+    args.kv = args.kv or "fp16,int8,int4"
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
-    if not args.resume:
+    if not args.resume and args.engine in KVTAX_ENGINES:
         from kvtax.harness.hybrid_runner import needs_hybrid, run_hybrid_recall
 
         if any(needs_hybrid(kv) for kv in kvs):  # fp16 sinks/recent, per-layer formats
@@ -99,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 return 2
             return run_hybrid_recall(args)
-    if args.kv and not args.resume:
+    if args.kv and not args.resume and args.engine in KVTAX_ENGINES:
         from kvtax.formats import KVSpec
 
         for kv in kvs:
@@ -111,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         filler=args.filler, engine=args.engine, device=args.device, dtype=dtype,
         chunk_size=args.chunk_size, sliding_kv=args.sliding_kv,
         max_new_tokens=args.max_new_tokens, chat=not args.no_chat,
-        command=_command(args, dtype),
+        command=_command(args, dtype), engine_options=options,
     )
     run_dir = run_recall(cfg, args.out, name=args.name, resume=args.resume)
     grid = recall_tables(read_rows(run_dir))["grid"]

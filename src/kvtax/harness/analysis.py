@@ -39,7 +39,9 @@ def summarize(
     dec = stats.points(rows, "decode_ms_per_token", cv_threshold=cv_threshold)
     ttft = stats.points(rows, "ttft_s", cv_threshold=cv_threshold)
     arms = sorted({r["arm"] for r in rows})
-    base = baseline or stats.baseline_arm(arms)
+    # Another engine's rows name its own baseline (its unquantized arm, from the plan).
+    declared = sorted({str(r["baseline_arm"]) for r in rows if r.get("baseline_arm")})
+    base = baseline or (declared[0] if len(declared) == 1 else stats.baseline_arm(arms))
     fits = stats.fit_arms(dec)
     bpt: dict[str, float] = {}
     for r in rows:

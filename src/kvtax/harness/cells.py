@@ -57,9 +57,10 @@ class Timeline:
     """Phase bookkeeping shared by both levels: hook, peak meter, clocks, timings."""
 
     def __init__(self, device: torch.device, hook: PhaseHook | None, cell: dict[str, Any],
-                 out: dict[str, Any] | None = None):
+                 out: dict[str, Any] | None = None, meter: Any = None):
         self.device, self.hook, self.cell = device, hook or (lambda _p: None), cell
-        self.meter = PhaseMeter(device)
+        # `meter`: anything with PhaseMeter's kind/start/stop/peaks/baselines (an engine's).
+        self.meter = meter if meter is not None else PhaseMeter(device)
         # Filled as phases finish, so a later phase's failure keeps the earlier numbers.
         self.out: dict[str, Any] = {} if out is None else out
         self.out["memory_kind"] = self.meter.kind
@@ -318,8 +319,17 @@ def convert_caches(
 def run_cell(
     cell: dict[str, Any], hook: PhaseHook | None = None, out: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Dispatch on `cell["level"]` (and the hf-quantized path, which runs transformers'
-    own model and cache); `out` receives results phase by phase."""
+    """Dispatch on `cell["engine"]` (another stack: the generic engine cell), then on
+    `cell["level"]` (and the hf-quantized path, which runs transformers' own model and
+    cache); `out` receives results phase by phase."""
+    if cell.get("engine", "kvtax") != "kvtax":
+        from kvtax.harness.engine_cell import engine_cell
+
+        return engine_cell(cell, hook, out)
+    if out is not None:
+        from kvtax import __version__
+
+        out["engine_version"] = f"kvtax {__version__}"
     if cell.get("path") == "hf-quantized" and cell.get("level", "model") == "model":
         from kvtax.harness.hf_quantized import hf_quantized_cell
 

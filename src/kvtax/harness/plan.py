@@ -63,6 +63,10 @@ class SweepConfig:
     # Order rep by rep (every rep-0 cell, shuffled, before any rep-1 cell): a sweep stopped
     # early has whole repetitions of every cell rather than random holes.
     rounds: bool = False
+    # Which stack runs the cells ("--engine"): kvtax's runner (its own cells below) or an
+    # engine of kvtax.harness.engines; its extras (threads, urls, flash attention...).
+    engine: str = "kvtax"
+    engine_options: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,7 +89,12 @@ class SweepConfig:
         return shape[2] if shape else int(self.head_dim)
 
     def arms(self) -> list[tuple[str, str]]:
-        """(kv, path) pairs: fused for every format, fp16 once, baselines for quantized kv."""
+        """(kv, path) pairs: fused for every format, fp16 once, baselines for quantized kv;
+        another engine's arms are its own (`Engine.arms`)."""
+        if self.engine != "kvtax":
+            from kvtax.harness.engines import get_engine
+
+            return get_engine(self.engine).arms(list(self.kvs), list(self.paths))
         out: list[tuple[str, str]] = []
         for path in self.paths:
             if path not in PATHS:
@@ -178,6 +187,8 @@ class Cell:
     kv_heads: int
     head_dim: int
     extra: dict[str, Any] = field(default_factory=dict)
+    engine: str = "kvtax"
+    engine_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def arm(self) -> str:
@@ -230,8 +241,11 @@ def plan_cells(cfg: SweepConfig, kind: str = "bench") -> list[Cell]:
             quantized_kv_start=cfg.quantized_kv_start, device=cfg.device, dtype=cfg.dtype,
             seed=cfg.seed, batch=cfg.batch, threads=cfg.cell_threads(),
             cuda_graph=cfg.cuda_graph, heads=cfg.heads, kv_heads=cfg.kv_heads,
-            head_dim=cfg.head_dim, extra=dict(cfg.extra),
+            head_dim=cfg.head_dim, extra=dict(cfg.extra), engine=cfg.engine,
+            engine_options=dict(cfg.engine_options),
         )
         ident = dict(params, arm=arm_name(kv, path))
+        if cfg.engine == "kvtax" and not cfg.engine_options:
+            del ident["engine"], ident["engine_options"]  # ids of runs made before engines
         cells.append(Cell(cell_id=make_cell_id(ident), seq=seq, order_seed=cfg.seed, **params))
     return cells

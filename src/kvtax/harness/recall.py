@@ -46,7 +46,8 @@ class RecallConfig:
     facts: int = 8
     seed: int = 0
     filler: str | None = None          # a text file; None: pydoc_data/topics.py prose
-    engine: str = "auto"               # auto | kvtax | hf
+    engine: str = "auto"               # auto | kvtax | hf, or an engine (--engine NAME)
+    engine_options: dict[str, Any] = field(default_factory=dict)  # another engine's extras
     device: str = "cpu"
     dtype: str = "float32"
     chunk_size: int = 2048
@@ -60,8 +61,12 @@ class RecallConfig:
         return asdict(self)
 
 
-def ordered_arms(arms: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(kv, path) arms with the unquantized one(s) first, the rest in the order given."""
+def ordered_arms(arms: list[tuple[str, str]],
+                 first: tuple[str, str] | None = None) -> list[tuple[str, str]]:
+    """(kv, path) arms with the unquantized one(s) first, the rest in the order given;
+    `first`: another engine's baseline arm (its own names), put before all."""
+    if first is not None and first in arms:
+        return [first] + [a for a in arms if a != first]
     base = [a for a in arms if a[0].lower() in BASELINES and a[1] in ("fp16", "fused")]
     base.sort(key=lambda a: a[1] != "fp16")  # transformers' own cache before kvtax fp16
     return base + [a for a in arms if a not in base]
@@ -117,10 +122,7 @@ def run_recall(
     log(f"kvtax recall: run folder {store.path}")
     if model is None:
         t = time.perf_counter()
-        model = load_recall_model(
-            cfg.model, engine=cfg.engine, dtype=cfg.dtype, device=cfg.device,
-            chunk_size=cfg.chunk_size, sliding_kv=cfg.sliding_kv, seed=cfg.seed,
-        )
+        model = _load(cfg)
         log(f"loaded {cfg.model} ({model.engine} engine) in {time.perf_counter() - t:.1f} s")
     facts = make_facts(cfg.facts, cfg.seed)
     depths = spread_depths(cfg.facts)
@@ -128,7 +130,9 @@ def run_recall(
     budgets = [cfg.max_new_tokens or len(model.tokenizer.encode(f.statement)) + ANSWER_SLACK
                for f in facts]
     done = store.done_cell_ids()
-    arms = ordered_arms([model.resolve(a) for a in cfg.kvs])
+    resolved = [model.resolve(a) for a in cfg.kvs]
+    arms = ordered_arms(resolved, getattr(model, "first_arm", lambda _a: None)(resolved))
+    version = getattr(model, "version", None)
     total = len(arms) * len(cfg.contexts) * len(facts)
     seq, t_start, n_run = 0, time.perf_counter(), 0
     for kv, path in arms:
@@ -145,6 +149,8 @@ def run_recall(
             for cell in todo:
                 q = cell["fact_index"]
                 row = recall_row(cell, store.run_id, cfg.device, commit)
+                if version:
+                    row["engine_version"] = version
                 ask(row, q)
                 validate_row(row)
                 store.append(row)
@@ -155,7 +161,21 @@ def run_recall(
                     f"{row['depth']:.2f}: {_mark(row)} expected {facts[q].value!r} got "
                     f"{row['answer']!r}  (ETA {eta:.0f} s)")
             log(f"== {kv}/{path} @ {ctx}: {right}/{len(todo)} correct")
+    getattr(model, "close", lambda: None)()
     return store.path
+
+
+def _load(cfg: RecallConfig) -> Any:
+    """kvtax's runner or a transformers model (engine auto / kvtax / hf), else the
+    engine named `cfg.engine` through the engine interface."""
+    if cfg.engine in ("auto", "kvtax", "hf"):
+        return load_recall_model(
+            cfg.model, engine=cfg.engine, dtype=cfg.dtype, device=cfg.device,
+            chunk_size=cfg.chunk_size, sliding_kv=cfg.sliding_kv, seed=cfg.seed,
+        )
+    from kvtax.harness.recall_engine import EngineRecallModel
+
+    return EngineRecallModel(cfg)
 
 
 def _mark(row: dict) -> str:

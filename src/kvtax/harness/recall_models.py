@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,16 +106,17 @@ class RecallModel:
         return Session(self, kv, path, prefix, capacity)
 
     @torch.no_grad()
-    def greedy(self, runner: Any, caches: list, logits: torch.Tensor, budget: int) -> list[int]:
-        """Greedy tokens from `logits` on: stop at EOS, `budget`, or the end of the line
-        that gives a value (`stop_after_line`)."""
+    def greedy(self, runner: Any, caches: list, logits: torch.Tensor, budget: int,
+               stop: Callable[[str], bool] | None = stop_after_line) -> list[int]:
+        """Greedy tokens from `logits` on: stop at EOS, `budget`, or once `stop(text)`
+        (default: the end of the line that gives a value, `stop_after_line`)."""
         out: list[int] = []
         while True:
             tok = int(logits[0].argmax())
             if tok in self.eos_ids:
                 break
             out.append(tok)
-            if len(out) >= budget or stop_after_line(self.tokenizer.decode(out)):
+            if len(out) >= budget or (stop is not None and stop(self.tokenizer.decode(out))):
                 break
             logits = runner.decode_step(torch.tensor([[tok]]), caches)
         return out

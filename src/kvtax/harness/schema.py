@@ -25,6 +25,7 @@ STATUSES = ("ok", "oom", "error", "timeout", "unavailable", "skipped")
 # unfused: mlx-lm's dequantize + materialized [H, L, ctx] scores; dequant: transformers
 # QuantizedCache's dequantize-everything-then-SDPA; hf-quantized: transformers' own cache.
 PATHS = ("fused", "fp16", "unfused", "dequant", "hf-quantized")
+# Rows of another engine (`engine` key, absent = "kvtax") carry that engine's own paths.
 PHASES = ("setup", "prefill", "decode")
 
 # Keys on every row, with the JSON types they may take (None: may be null).
@@ -83,6 +84,10 @@ BENCH_EXTRA_KEYS = {
     "weight_bytes": "model parameter bytes (model level)",
     "layer_shape": "[query heads, KV heads, head_dim] (attention level)",
     "traceback": "the worker's traceback on status error",
+    "engine_version": 'the measured stack\'s version, e.g. "llama-cpp-python 0.3.36"',
+    "engine_spec": "the arm's settings the engine ran with (kv, path, threads, options...)",
+    "engine_info": "what the engine reports it really ran (attention path, backend...)",
+    "baseline_arm": "the arm this engine's others are compared with (its unquantized one)",
 }
 
 RECALL_KEYS: dict[str, tuple[type | None, ...]] = {
@@ -185,6 +190,7 @@ def base_row(
         "timestamp": utc_now(),
         "device": device,
         "git_commit": git_commit,
+        "engine": str(cell.get("engine") or "kvtax"),
     }
     if kind == "bench":
         row.update({k: None for k in BENCH_KEYS})
@@ -222,7 +228,7 @@ def row_problems(row: Mapping[str, Any]) -> list[str]:
         problems.append(f"schema {row.get('schema')!r} != {SCHEMA_VERSION}")
     if row.get("status") not in STATUSES:
         problems.append(f"status {row.get('status')!r} is not one of {STATUSES}")
-    if row.get("path") not in PATHS:
+    if row.get("engine", "kvtax") == "kvtax" and row.get("path") not in PATHS:
         problems.append(f"path {row.get('path')!r} is not one of {PATHS}")
     if row.get("status") not in ("ok", "unavailable") and not row.get("error"):
         problems.append("a failed row must say why in 'error'")

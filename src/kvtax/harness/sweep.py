@@ -123,8 +123,10 @@ def run_sweep(
         stored = store.config()
         cfg = SweepConfig.from_dict(stored)
         cell_overrides = dict(stored.get("cell_overrides") or {}, **(cell_overrides or {}))
+        check_engine(cfg)
         say(f"resuming {store.path}")
     else:
+        check_engine(cfg)
         # Flat: the sweep's fields at top level (cv_threshold, claims... are what reports read).
         config = dict(cfg.to_dict(), kind="bench", cell_overrides=cell_overrides or {},
                       argv=sys.argv, command=command)
@@ -140,11 +142,13 @@ def run_sweep(
     say(
         f"{total} cells ({len(cells) - len(todo)} already done), order seed {cfg.seed}, "
         f"{cfg.level}-level, model {cfg.model}, device {env['device']}"
+        + ("" if cfg.engine == "kvtax" else f", engine {cfg.engine}")
     )
     hf_reasons = {
         kv: hf_quantized_unavailable(kv, cfg.model, cfg.level)
         for kv in sorted({c.kv for c in todo if c.path == "hf-quantized"})
-    }
+    } if cfg.engine == "kvtax" else {}
+    base = baseline_of(cfg)
     for kv, why in hf_reasons.items():
         if why:
             say(f"{kv}/hf-quantized is unavailable here (rows say so): {why}")
@@ -161,6 +165,8 @@ def run_sweep(
     try:
         for cell in todo:
             payload = _payload(cell, store, env, cell_overrides)
+            if base:
+                payload["baseline_arm"] = base
             why = hf_reasons.get(cell.kv) if cell.path == "hf-quantized" else None
             if why:
                 # Written, not skipped: the report must show the arm could not run, and why.
@@ -204,6 +210,27 @@ def run_sweep(
         f"{store.rows_path}"
     )
     return store
+
+
+def check_engine(cfg: SweepConfig) -> None:
+    """Raise EngineUnavailable (one line naming the install command) when the sweep's
+    engine cannot run here, before any folder is made or cell runs."""
+    if cfg.engine != "kvtax":
+        from kvtax.harness.engines import require_engine
+
+        require_engine(cfg.engine)
+
+
+def baseline_of(cfg: SweepConfig) -> str | None:
+    """Another engine's baseline arm name (its unquantized cache); None for kvtax, whose
+    statistics pick fp16 themselves (stats.baseline_arm)."""
+    if cfg.engine == "kvtax":
+        return None
+    from kvtax.harness.engines import get_engine
+    from kvtax.harness.schema import arm_name
+
+    arm = get_engine(cfg.engine).baseline_arm(cfg.arms())
+    return arm_name(*arm) if arm else None
 
 
 def _payload(

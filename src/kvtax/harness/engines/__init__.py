@@ -8,7 +8,8 @@ from kvtax.harness.engines.base import (
     EngineUnavailable,
     MemoryCounter,
     get_engine,
+    require_engine,
 )
 
 __all__ = ["ENGINES", "Engine", "EngineSpec", "EngineUnavailable", "MemoryCounter",
-           "get_engine"]
+           "get_engine", "require_engine"]

@@ -194,11 +194,40 @@ ENGINES: dict[str, str] = {
 }
 
 
+# Engines outside kvtax register a module (defining ENGINE) under this entry-point group.
+ENTRY_POINTS = "kvtax.engines"
+
+
+def _plugins() -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
+
+
 def get_engine(name: str) -> type[Engine]:
-    """The Engine subclass named `name` (raises KVTaxError naming the choices)."""
-    if name not in ENGINES:
-        raise KVTaxError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")
-    module = importlib.import_module(ENGINES[name])
+    """The Engine subclass named `name` (raises KVTaxError naming the choices).
+
+    Built-in engines are in ENGINES; a package can add one with an entry point in the
+    group "kvtax.engines" (`name = "package.module"`, the module defining ENGINE)."""
+    modules = ENGINES if name in ENGINES else _plugins()
+    if name not in modules:
+        choices = ", ".join(dict.fromkeys([*ENGINES, *_plugins()]))
+        raise KVTaxError(f"unknown engine {name!r}; choose from {choices}")
+    module = importlib.import_module(modules[name])
     engine = getattr(module, "ENGINE")
     assert issubclass(engine, Engine) and engine.name == name
+    return engine
+
+
+def require_engine(name: str) -> type[Engine]:
+    """`get_engine(name)` whose packages are installed, else EngineUnavailable (one line
+    naming the install command): what a command checks before it runs anything."""
+    try:
+        engine = get_engine(name)
+    except ImportError as exc:  # the engine's own module is absent from this kvtax
+        raise EngineUnavailable(f"engine {name} is not part of this kvtax install ({exc})") \
+            from None
+    why = engine.missing()
+    if why:
+        raise EngineUnavailable(why)
     return engine
