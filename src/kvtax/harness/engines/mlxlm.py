@@ -45,6 +45,7 @@ from typing import Any
 
 from kvtax.errors import KVTaxError
 from kvtax.harness.engines.base import Engine, EngineSpec, EngineUnavailable
+from kvtax.harness.engines.text import TextEngine, eos_ids, text_tokenizer
 
 _KV = re.compile(r"^q(\d)(?:-g(\d+))?$")
 BITS = (2, 3, 4, 5, 6, 8)      # what mx.quantize accepts
@@ -115,14 +116,15 @@ def counting_sdpa(counts: dict[str, int]) -> Iterator[None]:
         base.quantized_scaled_dot_product_attention = quant
 
 
-def builtin_model(name: str, dtype: str, seed: int) -> tuple[Any, Any]:
-    """(mlx-lm Model with random weights, kvtax ByteTokenizer) for a kvtax built-in config;
-    raises KeyError when `name` is not one, EngineUnavailable for an unmapped family."""
+def builtin_model(name: str, dtype: str, seed: int) -> tuple[Any, Any, set[int]]:
+    """(mlx-lm Model with random weights, byte tokenizer, EOS ids) for a kvtax built-in
+    config; raises KeyError when `name` is not one, EngineUnavailable for an unmapped
+    family."""
     import mlx.core as mx
     from mlx_lm.utils import _get_classes
 
     from kvtax.harness.hf_quantized import hf_config
-    from kvtax.models import ByteTokenizer, get_config
+    from kvtax.models import get_config
 
     cfg = get_config(name)
     if cfg.family not in _BUILTIN_FAMILIES or cfg.sliding_window is not None:
@@ -136,10 +138,11 @@ def builtin_model(name: str, dtype: str, seed: int) -> tuple[Any, Any]:
     model = model_cls(args_cls.from_dict(conf))
     model.set_dtype(getattr(mx, _DTYPES[dtype]))
     mx.eval(model.parameters())
-    return model.eval() if hasattr(model, "eval") else model, ByteTokenizer()
+    eos = eos_ids(cfg.eos_token_id)
+    return model, text_tokenizer(bos=cfg.bos_token_id, eos=min(eos, default=None)), eos
 
 
-class MlxLmEngine(Engine):
+class MlxLmEngine(TextEngine, Engine):
     """mlx-lm in process (see the module docstring for arms, phases and counters)."""
 
     name = "mlx-lm"
@@ -152,7 +155,6 @@ class MlxLmEngine(Engine):
         if spec.path not in PATHS:
             raise KVTaxError(f"mlx-lm has no path {spec.path!r}; use {', '.join(PATHS)}")
         self.model: Any = None
-        self.tokenizer: Any = None
         self.cache: list[Any] = []
         self.sdpa: dict[str, int] = {}
         self.resizes = {"prefill": 0, "decode": 0}
@@ -195,28 +197,30 @@ class MlxLmEngine(Engine):
                                     "available in this mlx build")
         mx.set_default_device(getattr(mx, dev))
         self._stack.enter_context(counting_sdpa(self.sdpa))
-        self.model, self.tokenizer, self.source = self._load_model()
+        self.model, self.text, self.eos, self.source = self._load_model()
         self.reset()
 
-    def _load_model(self) -> tuple[Any, Any, str]:
+    def _load_model(self) -> tuple[Any, Any, set[int], str]:
+        """(model, text tokenizer, EOS ids, where it came from)."""
         src, dtype = self.spec.model, _DTYPES.get(self.spec.dtype.lower())
         if dtype is None:
             raise KVTaxError(f"mlx-lm: unknown dtype {self.spec.dtype!r}")
         try:
-            model, tok = builtin_model(src, dtype, self.spec.seed)
-            return model, tok, f"built-in {src} (random weights, {dtype})"
+            return (*builtin_model(src, dtype, self.spec.seed),
+                    f"built-in {src} (random weights, {dtype})")
         except KeyError:
             pass
         from mlx_lm import load
 
-        path = Path(src).expanduser()
+        path, how = Path(src).expanduser(), f"{src} (mlx_lm.load)"
         if path.suffix == ".gguf":
             from kvtax.harness.recall_models import gguf_folder
 
-            model, tok = load(str(gguf_folder(path)))
-            return model, tok, f"{path.name} (GGUF converted to safetensors, mlx_lm.load)"
-        model, tok = load(src)
-        return model, tok, f"{src} (mlx_lm.load)"
+            src, how = str(gguf_folder(path)), f"{path.name} (GGUF → safetensors, mlx_lm.load)"
+        model, wrapper = load(src)
+        hf = getattr(wrapper, "_tokenizer", wrapper)
+        return (model, text_tokenizer(hf), eos_ids(sorted(wrapper.eos_token_ids),
+                                                   hf.eos_token_id), how)
 
     def _new_cache(self) -> list[Any]:
         from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
@@ -261,7 +265,7 @@ class MlxLmEngine(Engine):
 
     def _vocab(self) -> int:
         args = getattr(self.model, "args", None)
-        vocab = getattr(args, "vocab_size", None) or len(getattr(self.tokenizer, "vocab", []))
+        vocab = getattr(args, "vocab_size", None)
         if not vocab:
             raise EngineUnavailable("mlx-lm: cannot tell this model's vocabulary size")
         return int(vocab)
@@ -374,31 +378,8 @@ class MlxLmEngine(Engine):
         mx.eval(logp)
         return torch.from_numpy(np.array(logp, copy=True))
 
-    def generate(self, ids: list[int], max_new_tokens: int,
-                 stop: Any = None) -> list[int]:
-        out: list[int] = []
-        if max_new_tokens <= 0:
-            return out
-        self.prefill(ids)
-        while True:
-            out.append(int(self._tok.item()))
-            if len(out) >= max_new_tokens or (stop is not None and stop(self.detokenize(out))):
-                return out
-            self.decode(1)
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self._tokenizer().encode(text))
-
-    def detokenize(self, ids: list[int]) -> str:
-        tok = self._tokenizer()
-        if hasattr(tok, "_tokenizer"):  # mlx-lm's TokenizerWrapper over a HF tokenizer
-            return tok.decode(ids, skip_special_tokens=True)
-        return tok.decode(ids)
-
-    def _tokenizer(self) -> Any:
-        if self.tokenizer is None:
-            raise EngineUnavailable(f"mlx-lm: {self.spec.model} has no tokenizer")
-        return self.tokenizer
+    def last_token(self) -> int:
+        return int(self._tok.item())
 
     def close(self) -> None:
         self._stack.close()
