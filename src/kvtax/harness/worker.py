@@ -6,7 +6,9 @@ prints exactly one JSON row on stdout's last line; phase changes go to stderr as
 `KVTAX_PHASE <name>` so a parent can say where a cell died even when nothing came back.
 
 Failures never escape as exceptions: an out-of-memory becomes `status: "oom"` with the
-phase it happened in, anything else `status: "error"` with its text. Forced faults for
+phase it happened in, an engine arm that cannot run here (EngineUnavailable, e.g. a
+compiled arm over a cache that cannot be compiled) `status: "unavailable"` with the
+reason, anything else `status: "error"` with its text. Forced faults for
 tests: `KVTAX_FORCE_OOM=<phase>[:<substring of cell_id>]` raises torch.OutOfMemoryError
 at that phase's start; `cell["mem_limit_bytes"]` caps this process's address space
 (RLIMIT_AS) that many bytes above its size at cell start, so a real allocation fails.
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 
+from kvtax.harness.engines.base import EngineUnavailable
 from kvtax.harness.schema import base_row, utc_now
 
 PHASE_MARK = "KVTAX_PHASE"
@@ -117,6 +120,8 @@ def measure(
         failed = phase["now"]
         row.update({k: v for k, v in partial.items() if not k.startswith(failed + "_")})
         row["status"] = "oom" if is_oom(exc) else "error"
+        if isinstance(exc, EngineUnavailable):  # this arm cannot run here: not a failure
+            row["status"] = "unavailable"
         row["phase"] = phase["now"]
         tb = traceback.format_exception_only(type(exc), exc)
         row["error"] = "".join(tb).strip()[:2000]
