@@ -155,3 +155,10 @@ def test_prefill_penalty_and_break_even_tables():
     assert a["prefill_penalty"]["int4/fused"][1024]["ratio"] == pytest.approx(1.5)
     assert a["prefill_penalty"]["int4/fused"][2048]["extra_s"] == pytest.approx(1.0)
     assert a["break_even"]["int4/fused"] == {1024: 500, 2048: "never"}
+
+
+def test_break_even_without_baseline_points_is_empty():
+    """Regression: a sweep whose baseline arm never ran (every cell of dynamic/compiled
+    unavailable) crashed `summarize` with "dictionary changed size during iteration"."""
+    rows = _rows("int4/fused", 1024, [9.0] * 3, ttft=1.5)
+    assert summarize(rows, baseline="fp16/fused")["break_even"] == {}

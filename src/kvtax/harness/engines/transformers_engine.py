@@ -191,10 +191,10 @@ class TransformersEngine(TextEngine, Engine):
 
     @classmethod
     def baseline_arm(cls, arms: list[tuple[str, str]]) -> tuple[str, str] | None:
-        for kv in ("dynamic", "static"):
-            hit = next((a for a in arms if a[0] == kv), None)
-            if hit:
-                return hit
+        # The unquantized caches, eager first: dynamic/compiled can never run.
+        for arm in (("dynamic", "eager"), ("static", "eager"), ("static", "compiled")):
+            if arm in arms:
+                return arm
         return arms[0] if arms else None
 
     def version(self) -> str:
