@@ -1,7 +1,7 @@
 """`kvtax bench --engine NAME` end to end on a fake engine (tests/kvtax_fake_engine.py):
 rows carry the engine, its version, settings and info; per-phase peaks come from the
 engine's own counter; resume, errors as rows, a missing package, bad arms; statistics
-use the engine's own baseline and bytes per token."""
+use the engine's own baseline and bytes per token; `kvtax report A B` across engines."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from kvtax.cli import main
 from kvtax.harness.analysis import summarize
 from kvtax.harness.engines import ENGINES
 from kvtax.harness.plan import SweepConfig, plan_cells
-from kvtax.harness.schema import make_cell_id, validate_row
-from kvtax.harness.store import read_rows
+from kvtax.harness.schema import base_row, make_cell_id, validate_row
+from kvtax.harness.store import RunStore, read_rows
 
 BASE = ["--engine", "fake", "--contexts", "16,32,64", "--reps", "1", "--warmup", "0",
         "--decode-tokens", "3", "--no-report"]
@@ -125,6 +125,8 @@ def test_engine_error_becomes_a_row_and_keeps_earlier_phases(tmp_path):
     assert bad and all(r["status"] == "error" and r["phase"] == "decode" for r in bad)
     assert all("failed in decode on purpose" in r["error"] for r in bad)
     assert all(r["ttft_s"] > 0 and r["decode_ms_per_token"] is None for r in bad)
+    # info() is still read: what the engine ran up to the failure (prompt, first, settle)
+    assert all(r["engine_info"]["held"] == r["context"] + 2 for r in bad)
     assert all(r["engine_spec"]["options"]["fail"] == "q4:decode" for r in rows)
     assert all(r["status"] == "ok" for r in rows if r["kv"] == "f16")
 
@@ -161,3 +163,48 @@ def test_kvtax_cell_ids_do_not_change_with_the_engine_fields():
     other = plan_cells(SweepConfig(contexts=[16], kvs=["fp16"], paths=["fused"], reps=1,
                                    warmup=0, engine_options={"x": 1}))[0]
     assert other.cell_id != cell.cell_id
+
+
+def _kvtax_run(root: Path) -> Path:
+    """A kvtax run at the fake sweep's contexts: fp16 and int8 on the fused path, planted
+    slopes in the ratio 1.9 and bytes per token 4096 / 2176."""
+    store = RunStore.create(root, "kvtax", {"kind": "bench"})
+    slope, bpt = {"fp16": 1e-3, "int8": 1e-3 / 1.9}, {"fp16": 4096, "int8": 2176}
+    for seq, (kv, ctx) in enumerate((k, c) for k in slope for c in (16, 32, 64)):
+        params = {"kind": "bench", "model": "m", "arm": f"{kv}/fused", "context": ctx,
+                  "rep": 0, "warmup": False}
+        row = base_row({"cell_id": make_cell_id(params), "seq": seq, "order_seed": 0,
+                        "kv": kv, "path": "fused", **params},
+                       run_id=store.run_id, device="cpu", git_commit=None)
+        ms = 2.0 + slope[kv] * ctx
+        row.update(status="ok", ttft_s=0.1, decode_ms_per_token=ms, decode_ms_samples=[ms],
+                   bytes_per_token=bpt[kv], engine_version="kvtax 0.1.0")
+        store.append(row)
+    return store.path
+
+
+def _md_row(md: str, *cells: str) -> list[str]:
+    for line in md.splitlines():
+        parts = [c.strip() for c in line.strip().strip("|").split("|")]
+        if parts[: len(cells)] == list(cells):
+            return parts
+    raise AssertionError(f"no table row starting {cells}")
+
+
+def test_report_compares_engines_side_by_side(sweep, tmp_path):
+    """`kvtax report A B` on a fake-engine run and a kvtax run: one table keyed by
+    (engine, arm), each slope ratio against its own run's baseline and bytes."""
+    pytest.importorskip("matplotlib")
+    kvtax_run = _kvtax_run(tmp_path)
+    assert main(["report", str(sweep[0]), str(kvtax_run)]) == 0
+    (out,) = sweep[0].glob("compare-*.md")
+    md = out.read_text()
+    assert "## Engines and arms side by side" in md
+    q8 = _md_row(md, "A", f"fake (kvtax-fake-backend {BACKEND_VERSION})", "q8/a")
+    assert float(q8[-2]) == pytest.approx(64 / 34, rel=2e-3)   # measured slope ratio
+    assert float(q8[-1]) == pytest.approx(64 / 34, rel=2e-3)   # bytes predict
+    assert q8[-3] == "34"
+    _md_row(md, "A", f"fake (kvtax-fake-backend {BACKEND_VERSION})", "f16/a *")
+    int8 = _md_row(md, "B", "kvtax (kvtax 0.1.0)", "int8/fused")
+    assert float(int8[-2]) == pytest.approx(1.9, rel=2e-3)
+    assert float(int8[-1]) == pytest.approx(4096 / 2176, rel=2e-3)

@@ -4,6 +4,8 @@ the existing kvtax recall / quality paths on the tiny model."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -11,13 +13,12 @@ from tests.engine_env import fake_engine_env
 from tests.kvtax_fake_engine import FakeEngine
 from kvtax.cli import main
 from kvtax.harness.engines import ENGINES, EngineSpec
-from kvtax.harness.quality import QualityConfig, run_quality, text_of
+from kvtax.harness.quality import QualityConfig, run_quality, text_ids, text_of
 from kvtax.harness.quality_engine import EngineQuality, EngineText, run_engine_quality
 from kvtax.harness.quality_metrics import kl_divergence
 from kvtax.harness.recall import RecallConfig, run_recall
 from kvtax.harness.recall_engine import EngineRecallModel
 from kvtax.harness.store import read_rows
-from kvtax.harness.quality import text_ids
 
 
 @pytest.fixture
@@ -114,3 +115,17 @@ def test_kvtax_engine_recall_matches_the_kvtax_recall_path(tmp_path):
     assert [r["answer"] for r in generic] == [r["answer"] for r in legacy]
     assert all(r["status"] == "ok" for r in generic)
     assert {r["engine_version"] for r in generic} == {"kvtax 0.1.0"}
+
+
+@pytest.mark.parametrize("command", ["recall", "quality"])
+def test_missing_engine_package_is_one_line_before_any_folder(monkeypatch, tmp_path, capsys,
+                                                              command):
+    fake_engine_env(tmp_path, installed=False)  # the entry point, not its backend package
+    monkeypatch.delitem(sys.modules, "kvtax_fake_backend", raising=False)  # earlier tests'
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setitem(ENGINES, "fake", "tests.kvtax_fake_engine")
+    assert main([command, "--engine", "fake", "--contexts", "700", "--out",
+                 str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install kvtax-fake-backend" in err[0]
+    assert not (tmp_path / "runs").exists()

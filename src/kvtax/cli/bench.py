@@ -262,7 +262,10 @@ def run(args: argparse.Namespace) -> int:
                 return 2
     try:
         check_engine(cfg)  # a missing engine package: one line naming its install command
-        cfg.arms()
+        if not cfg.arms():
+            print("kvtax bench: no arms: check --kv and --paths (openai: --url NAME=URL)",
+                  file=sys.stderr)
+            return 2
     except Exception as exc:  # a format or path the user mistyped
         print(f"kvtax bench: {exc}", file=sys.stderr)
         return 2

@@ -162,8 +162,25 @@ def _run_engine(args: argparse.Namespace, engine: str, contexts: list[int]) -> i
     """Another engine's arms against its own unquantized arm (harness.quality_engine)."""
     from dataclasses import replace
 
-    from kvtax.harness.quality import QualityConfig, QualityInputError, check_config
-    from kvtax.harness.quality_engine import EngineQuality, run_engine_quality
+    from kvtax.harness.quality import QualityInputError, check_config
+    from kvtax.harness.quality_engine import run_engine_quality
+
+    try:
+        cfg, eq = _engine_config(args, engine, contexts)
+        # The numeric checks (contexts, tail, chunk, text); formats are the engine's to judge.
+        check_config(replace(cfg, kvs=[], baseline="fp16", sliding_kv=None))
+        run_dir = run_engine_quality(cfg, eq, args.out, name=args.name, resume=args.resume)
+    except (QualityInputError, KVTaxError, FileNotFoundError, argparse.ArgumentTypeError) as exc:
+        print(f"kvtax quality: {exc}", file=sys.stderr)
+        return 2
+    return _finish(args, run_dir)
+
+
+def _engine_config(args: argparse.Namespace, engine: str, contexts: list[int]) -> Any:
+    """(QualityConfig, EngineQuality) from the command line, or from the run folder."""
+    from kvtax.harness.engines import require_engine
+    from kvtax.harness.quality import QualityConfig
+    from kvtax.harness.quality_engine import EngineQuality
     from kvtax.harness.store import RunStore
 
     if args.resume:
@@ -173,8 +190,6 @@ def _run_engine(args: argparse.Namespace, engine: str, contexts: list[int]) -> i
         eq = EngineQuality(engine, list(stored.get("engine_paths") or []),
                            stored.get("engine_threads"), stored.get("engine_options") or {})
     else:
-        from kvtax.harness.engines import require_engine
-
         cls = require_engine(engine)  # a missing package: one line naming its install
         dtype = args.dtype or "float32"
         kvs = [k.strip() for k in (args.kv or "").split(",") if k.strip()] or cls.default_kvs()
@@ -185,11 +200,4 @@ def _run_engine(args: argparse.Namespace, engine: str, contexts: list[int]) -> i
                             command=_command(args, dtype))
         paths = [p.strip() for p in (args.paths or "").split(",") if p.strip()]
         eq = EngineQuality(engine, paths, args.threads, engine_options(args))
-    try:
-        # The numeric checks (contexts, tail, chunk, text); formats are the engine's to judge.
-        check_config(replace(cfg, kvs=[], baseline="fp16", sliding_kv=None))
-        run_dir = run_engine_quality(cfg, eq, args.out, name=args.name, resume=args.resume)
-    except (QualityInputError, KVTaxError, FileNotFoundError, argparse.ArgumentTypeError) as exc:
-        print(f"kvtax quality: {exc}", file=sys.stderr)
-        return 2
-    return _finish(args, run_dir)
+    return cfg, eq

@@ -6,7 +6,8 @@
 Keys: baseline, arms, fits (per arm t0/m/r2/contexts/excluded), slope_ratios,
 decode_points / ttft_points (per arm → context → median, cv, n, flagged, reason),
 flagged (list of noisy points), prefill_penalty, break_even, peaks (prefill/decode per
-arm → context → median peak bytes), bytes_per_token, failures (non-ok rows), claims.
+arm → context → median peak bytes), bytes_per_token (each engine's own, from its rows),
+engines (arm → engine and version), failures (non-ok rows), claims.
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ def _point_table(pts: list[stats.Point]) -> dict[str, dict[int, dict[str, Any]]]
             "median": p.median, "cv": p.cv, "n": p.n, "flagged": p.flagged, "reason": p.reason,
         }
     return dict(out)
+
+
+def arm_engines(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """arm -> {"engine", "version"}: which stack measured each arm (kvtax for rows made
+    before engines), and its version where a row recorded one."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        e = out.setdefault(str(r["arm"]), {"engine": r.get("engine") or "kvtax",
+                                           "version": None})
+        e["version"] = e["version"] or r.get("engine_version")
+    return out
 
 
 def summarize(
@@ -75,6 +87,7 @@ def summarize(
         "break_even": stats.break_even(ttft, dec, base) if base else {},
         "peaks": peaks,
         "bytes_per_token": bpt,
+        "engines": arm_engines(rows),
         "failures": failures,
         "decode_growth": sorted({(r["arm"], r["context"]) for r in rows
                                  if r.get("status") == "ok" and r.get("decode_growth")}),

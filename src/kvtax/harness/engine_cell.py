@@ -101,10 +101,13 @@ def engine_cell(
         if cell.get("extra", {}).get("inner_warmup", True) and _can_reset(engine):
             _warm(engine, cell)
         _measure(engine, cell, tl)
-        out["engine_info"] = engine.info()
     finally:
+        out["memory_kind"] = tl.meter.kind
+        try:  # also on a failed cell: e.g. which attention path llama.cpp fell back to
+            out["engine_info"] = engine.info()
+        except Exception:  # noqa: BLE001 - the cell's own error is the one to report
+            pass
         engine.close()
-    out["memory_kind"] = tl.meter.kind
     out["level"] = "model"
     return out
 

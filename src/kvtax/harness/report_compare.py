@@ -1,7 +1,10 @@
-"""Two runs side by side (two machines, two commits): same cells, ratio B / A.
+"""Two runs side by side (two machines, two commits, two engines): same cells, ratio B / A.
 
 Cells are matched by (arm, context); a cell measured in only one run is counted, not
-compared. Ratios above 1 mean B is larger (slower, or more memory) than A.
+compared. Ratios above 1 mean B is larger (slower, or more memory) than A. Every arm of
+both runs is also listed in one table keyed by (engine, arm) (`side_by_side`), so arms
+that cannot match — llama.cpp's q8_0/fa against kvtax's int8/fused on the same GGUF —
+are read against each other at the contexts both runs measured.
 
     >>> rows = compare_table(gather(run_a), gather(run_b))
     >>> [r for r in rows if r["metric"] == "decode_ms_per_token"][0]["ratio"]
@@ -110,6 +113,56 @@ def section_compare(da: Mapping[str, Any], db: Mapping[str, Any], rows: list[dic
                      [[arm, *[per.get(c, "-") for c in ctxs]] for arm, per in cells.items()])
         if metric in figs:
             out += [f"![{metric} B/A]({figs[metric]})", ""]
+    out += section_side_by_side(da, db)
     if not rows:
         out += ["The two runs share no measured cell.", ""]
+    return out
+
+
+def side_by_side(da: Mapping[str, Any], db: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One dict per (run, engine, arm) of both runs: decode ms/token and TTFT medians per
+    context both runs measured, the decode fit's slope, KV bytes per token (the engine's
+    own) and the slope ratio against that run's own baseline arm."""
+    ctxs = set.intersection(*[{int(c) for per in d.get("bench", {}).get("decode_points", {})
+                               .values() for c in per} for d in (da, db)])
+    out = []
+    for run, d in (("A", da), ("B", db)):
+        b = d.get("bench", {})
+        for arm in sorted(b.get("decode_points", {})):
+            dec, ttft = b["decode_points"][arm], b.get("ttft_points", {}).get(arm, {})
+            fit = b.get("fits", {}).get(arm)
+            out.append({
+                "run": run, "engine": b.get("engines", {}).get(arm, {}).get("engine", "kvtax"),
+                "version": b.get("engines", {}).get(arm, {}).get("version"), "arm": arm,
+                "baseline": arm == b.get("baseline"),
+                "decode_ms": {c: dec[c]["median"] for c in sorted(ctxs) if c in dec},
+                "ttft_s": {c: ttft[c]["median"] for c in sorted(ctxs) if c in ttft},
+                "slope_ms_per_1k": fit["m"] * 1e3 if fit else None,
+                "bytes_per_token": b.get("bytes_per_token", {}).get(arm),
+                "slope_ratio": b.get("slope_ratios", {}).get(arm, {}).get("measured"),
+                "predicted": b.get("slope_ratios", {}).get(arm, {}).get("predicted"),
+            })
+    return out
+
+
+def section_side_by_side(da: Mapping[str, Any], db: Mapping[str, Any]) -> list[str]:
+    """Markdown: every (engine, arm) of both runs in one table (see `side_by_side`)."""
+    rows = side_by_side(da, db)
+    ctxs = sorted({c for r in rows for c in r["decode_ms"]})
+    if not rows or not ctxs:
+        return []
+    out = ["## Engines and arms side by side", "",
+           "Decode ms/token (median) at the contexts both runs measured; slope ratio against "
+           "each run's own baseline arm (marked *), next to the ratio its engine's bytes per "
+           "token predict.", ""]
+    out += table(
+        ["run", "engine", "arm", *[f"{c} ms/tok" for c in ctxs], f"TTFT {ctxs[-1]} (s)",
+         "m (ms/1k ctx)", "KV bytes/token", "slope ratio", "bytes predict"],
+        [[r["run"], r["engine"] + (f" ({r['version']})" if r["version"] else ""),
+          r["arm"] + (" *" if r["baseline"] else ""),
+          *[num(r["decode_ms"].get(c)) for c in ctxs], num(r["ttft_s"].get(ctxs[-1])),
+          num(r["slope_ms_per_1k"]),
+          "-" if r["bytes_per_token"] is None else f"{r['bytes_per_token']:.0f}",
+          num(r["slope_ratio"]), num(r["predicted"])]
+         for r in rows])
     return out

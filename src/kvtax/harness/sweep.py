@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from kvtax.harness.executor import failure_row, make_executor
@@ -130,7 +131,9 @@ def run_sweep(
         # Flat: the sweep's fields at top level (cv_threshold, claims... are what reports read).
         config = dict(cfg.to_dict(), kind="bench", cell_overrides=cell_overrides or {},
                       argv=sys.argv, command=command)
-        store = RunStore.create(out, name or f"bench-{cfg.model}", config)
+        default = (f"bench-{cfg.model}" if cfg.engine == "kvtax"
+                   else f"bench-{cfg.engine}-{Path(cfg.model).name}")
+        store = RunStore.create(out, name or default, config)
         say(f"run folder {store.path}")
     env = environment(cfg.device)
     store.write_env(env)
