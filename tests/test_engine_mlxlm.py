@@ -136,6 +136,8 @@ def test_generate_stops_at_eos_or_when_told():
 
 
 def test_builtin_with_sliding_layers_is_unavailable_with_the_reason():
+    """EngineUnavailable: the worker writes an "unavailable" row with this reason (the
+    transformers engine's tests check such a row end to end)."""
     from kvtax.harness.engines import EngineUnavailable
 
     with pytest.raises(EngineUnavailable, match="not mapped to an mlx-lm model"):
@@ -216,7 +218,7 @@ def test_resume_runs_only_the_missing_cells(sweep, tmp_path):
     assert all(r["status"] == "ok" for r in rows)
 
 
-def test_engine_errors_and_unavailable_arms_become_rows(tmp_path):
+def test_engine_error_becomes_a_row(tmp_path):
     broken = tmp_path / "broken"  # an MLX folder without weights: mlx_lm.load raises
     broken.mkdir()
     (broken / "config.json").write_text(json.dumps({"model_type": "llama"}))
@@ -227,11 +229,6 @@ def test_engine_errors_and_unavailable_arms_become_rows(tmp_path):
     (row,) = read_rows(_run_dir(out / "a"))
     assert row["status"] == "error" and row["phase"] == "setup"
     assert "No safetensors found" in row["error"]
-    proc = _bench(BASE + ["--model", "tiny-gemma3", "--contexts", "64", "--kv", "q4",
-                          "--out", str(out / "b")])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = read_rows(_run_dir(out / "b"))
-    assert row["status"] == "unavailable" and "not mapped" in row["error"]
 
 
 def test_missing_mlx_lm_is_one_line_naming_the_install(tmp_path):
