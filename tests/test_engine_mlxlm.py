@@ -18,7 +18,7 @@ pytest.importorskip("mlx_lm")
 from tests.engine_hidden import hidden_env  # noqa: E402
 from kvtax.errors import KVTaxError  # noqa: E402
 from kvtax.harness.engines import EngineSpec, get_engine  # noqa: E402
-from kvtax.harness.engines.mlxlm import MlxLmEngine, parse_kv  # noqa: E402
+from kvtax.harness.engines.mlxlm import MlxLmEngine, mlx_device, parse_kv  # noqa: E402
 from kvtax.harness.quality import QualityConfig  # noqa: E402
 from kvtax.harness.quality_engine import EngineQuality, run_engine_quality  # noqa: E402
 from kvtax.harness.store import read_rows  # noqa: E402
@@ -61,6 +61,9 @@ def test_kv_and_path_names():
     arms = MlxLmEngine.arms(["q4", "fp16"], ["default", "presized"])
     assert len(arms) == 4 and MlxLmEngine.baseline_arm(arms) == ("fp16", "default")
     assert get_engine("mlx-lm") is MlxLmEngine
+    assert [mlx_device(d) for d in ("cpu", "mps", "cuda:0")] == ["cpu", "gpu", "gpu"]
+    with pytest.raises(KVTaxError, match="unknown device"):
+        mlx_device("tpu")
 
 
 @pytest.mark.parametrize("kv", ["fp16", "q8", "q4", "q4-g32"])

@@ -31,6 +31,7 @@ Models: an MLX model folder or hub id (`mlx_lm.load`, with its tokenizer), a `.g
 kvtax built-in config name (llama / mistral / qwen2 / qwen3 shapes; random weights built
 in process from mlx-lm's model classes, kvtax's byte tokenizer, as kvtax's runner gives
 its built-ins). Memory: `mx.get_peak_memory()` reset per phase (`mx.reset_peak_memory()`).
+Device: `--device cpu` runs on mlx's CPU; `--device mps` on a Mac's GPU (Metal).
 """
 
 from __future__ import annotations
@@ -70,6 +71,16 @@ def parse_kv(kv: str) -> tuple[int, int] | None:
         raise KVTaxError(f"mlx-lm kv {kv!r}: bits must be one of {BITS} and group one of "
                          f"{GROUPS}")
     return bits, group
+
+
+def mlx_device(device: str) -> str:
+    """mlx's device for a `--device` value: "cpu", else "gpu" (Metal on a Mac: `--device
+    mps`; mlx's CUDA backend: `--device cuda`)."""
+    if device == "cpu":
+        return "cpu"
+    if device in ("mps", "metal", "gpu") or device.startswith("cuda"):
+        return "gpu"
+    raise KVTaxError(f"mlx-lm: unknown device {device!r}; use cpu, mps (Metal) or cuda")
 
 
 class MlxCounter:
@@ -191,7 +202,7 @@ class MlxLmEngine(TextEngine, Engine):
     def load(self) -> None:
         import mlx.core as mx
 
-        dev = "cpu" if self.spec.device == "cpu" else "gpu"
+        dev = mlx_device(self.spec.device)
         if not mx.is_available(getattr(mx, dev)):
             raise EngineUnavailable(f"mlx-lm: device {self.spec.device!r} ({dev}) is not "
                                     "available in this mlx build")
