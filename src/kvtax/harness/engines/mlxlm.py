@@ -153,6 +153,26 @@ def builtin_model(name: str, dtype: str, seed: int) -> tuple[Any, Any, set[int]]
     return model, text_tokenizer(bos=cfg.bos_token_id, eos=min(eos, default=None)), eos
 
 
+def flat_rope(folder: str) -> dict[str, Any]:
+    """The flat `rope_theta` / `rope_scaling` mlx-lm's ModelArgs read, for a folder whose
+    config.json nests RoPE in transformers 5's `rope_parameters` (as kvtax's GGUF
+    conversion writes it): without them mlx-lm silently uses theta 10000."""
+    import json
+
+    conf = Path(folder) / "config.json"
+    if not conf.is_file():
+        return {}  # a hub id: mlx-lm reads the downloaded config itself
+    cfg = json.loads(conf.read_text())
+    rope = cfg.get("rope_parameters")
+    if cfg.get("rope_theta") is not None or not isinstance(rope, dict) \
+            or "rope_theta" not in rope:
+        return {}
+    out: dict[str, Any] = {"rope_theta": rope["rope_theta"]}
+    if rope.get("rope_type", "default") != "default":
+        out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return out
+
+
 class MlxLmEngine(TextEngine, Engine):
     """mlx-lm in process (see the module docstring for arms, phases and counters)."""
 
@@ -228,7 +248,7 @@ class MlxLmEngine(TextEngine, Engine):
             from kvtax.harness.recall_models import gguf_folder
 
             src, how = str(gguf_folder(path)), f"{path.name} (GGUF → safetensors, mlx_lm.load)"
-        model, wrapper = load(src)
+        model, wrapper = load(src, model_config=flat_rope(src))
         hf = getattr(wrapper, "_tokenizer", wrapper)
         return (model, text_tokenizer(hf), eos_ids(sorted(wrapper.eos_token_ids),
                                                    hf.eos_token_id), how)
