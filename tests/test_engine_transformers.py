@@ -72,9 +72,12 @@ def test_compiled_needs_a_compileable_cache():
 def test_unquantized_caches_agree_and_quantized_ones_rank():
     """One model, one text: DynamicCache, StaticCache and kvtax's fp32 cache give the same
     log-probabilities; int8 is closer to them than int4."""
-    ids = _engine("dynamic").prompt_ids(161, 5)
+    eng = _engine("dynamic")
+    ids = eng.prompt_ids(161, 5)
     lp = {kv: _engine(kv).logprobs(ids, 16) for kv in
-          ("dynamic", "static", "kvtax-fp32", "kvtax-int8", "kvtax-int4")}
+          ("static", "kvtax-fp32", "kvtax-int8", "kvtax-int4")}
+    lp["dynamic"] = eng.logprobs(ids, 16)
+    assert eng.cache_bytes() == 4096 * 160  # what `kvtax quality` reports beside the KL
     assert lp["dynamic"].shape == (16, CFG.vocab_size)
     assert (lp["dynamic"] - lp["static"]).abs().max().item() < 1e-5
     assert (lp["dynamic"] - lp["kvtax-fp32"]).abs().max().item() < 1e-4

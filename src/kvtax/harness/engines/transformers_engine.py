@@ -431,8 +431,7 @@ class TransformersEngine(TextEngine, Engine):
         ids[len(ids) - tail + i], every position read through this arm's cache."""
         if not 0 < tail < len(ids):
             raise KVTaxError(f"transformers logprobs: tail {tail} must be in 1..{len(ids) - 1}")
-        logits = self._prefill_logits(ids[:-1], keep=tail)
-        self.reset()
+        logits = self._prefill_logits(ids[:-1], keep=tail)  # the cache stays: cache_bytes()
         return torch.log_softmax(logits.float(), -1).cpu()
 
     def close(self) -> None:
