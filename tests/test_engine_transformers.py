@@ -119,6 +119,10 @@ def test_quanto_requantizations_are_counted():
     info = eng.info()
     assert (info["prefill_growth_events"], info["decode_growth_events"]) == (2, 0)
     assert info["residual_length"] == 128 and "quanto" in info["quanto_unpack"]
+    # the bench's int4/hf-quantized arm counts the same bytes: this arm can replace it
+    from kvtax.harness.hf_quantized import quantized_cache_bytes
+
+    assert eng.cache_bytes() == quantized_cache_bytes(eng.cache)
 
 
 def test_compiled_static_decode_gives_the_eager_tokens():
