@@ -243,6 +243,19 @@ def test_bench_rows_carry_the_arm_its_bytes_growth_and_sdpa_path(sweep):
                                       if presized else 256)
 
 
+def test_report_says_the_inversion_cannot_appear_on_mlx_cpu(sweep, tmp_path):
+    from kvtax.harness.report import write_report
+
+    copy = tmp_path / "run"
+    copy.mkdir()
+    for f in sweep.iterdir():
+        if f.is_file():
+            (copy / f.name).write_bytes(f.read_bytes())
+    text = write_report(copy).read_text()
+    assert "## How the engines ran" in text
+    assert "inversion measured on Macs cannot appear here" in text
+
+
 def test_resume_runs_only_the_missing_cells(sweep, tmp_path):
     copy = tmp_path / "run"
     copy.mkdir()

@@ -21,6 +21,7 @@ from kvtax.harness.report_markdown import (
     section_claims,
     section_cost,
     section_decode,
+    section_engine_notes,
     section_environment,
     section_failures,
     section_flagged,
@@ -73,6 +74,7 @@ def write_report(
     lines = section_header(data)
     if why:
         lines += [f"> {why}", ""]
+    lines += section_engine_notes(bench)
     lines += section_decode(bench, figs)
     lines += section_flagged(bench)
     lines += section_prefill(bench, figs)
