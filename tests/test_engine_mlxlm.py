@@ -198,6 +198,22 @@ def test_real_model_logits_match_the_transformers_engine():
     assert (lp["mlx-lm"].argmax(-1) == lp["transformers"].argmax(-1)).all()
 
 
+def test_recall_through_the_engine(tmp_path):
+    """Recall asks through generate/tokenize: rows per arm, the baseline asked first
+    (random weights recall nothing; the answers still come back as text)."""
+    from kvtax.harness.recall import RecallConfig, run_recall
+    from kvtax.harness.recall_engine import EngineRecallModel
+
+    cfg = RecallConfig(model="tiny", contexts=[400], kvs=["fp16", "q8"], facts=2, engine="mlx-lm",
+                       max_new_tokens=6)
+    rows = read_rows(run_recall(cfg, tmp_path, log=lambda _s: None,
+                                model=EngineRecallModel(cfg)))
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
+    assert min(rows, key=lambda r: r["seq"])["arm"] == "fp16/default"
+    assert {r["engine"] for r in rows} == {"mlx-lm"}
+    assert all(isinstance(r["answer"], str) for r in rows)
+
+
 # ----------------------------------------------------------------------------- the CLI
 
 

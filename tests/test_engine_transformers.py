@@ -151,6 +151,22 @@ def test_generate_and_text():
     assert 0 < len(free) <= 5 and eng.generate(ids, 5, stop=lambda t: True) == free[:1]
 
 
+def test_recall_through_the_engine(tmp_path):
+    """Recall asks through generate/tokenize: rows per arm, the baseline asked first
+    (random weights recall nothing; the answers still come back as text)."""
+    from kvtax.harness.recall import RecallConfig, run_recall
+    from kvtax.harness.recall_engine import EngineRecallModel
+
+    cfg = RecallConfig(model="tiny", contexts=[400], kvs=["dynamic", "kvtax-int8"], facts=2, engine="transformers",
+                       max_new_tokens=6)
+    rows = read_rows(run_recall(cfg, tmp_path, log=lambda _s: None,
+                                model=EngineRecallModel(cfg)))
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
+    assert min(rows, key=lambda r: r["seq"])["arm"] == "dynamic/eager"
+    assert {r["engine"] for r in rows} == {"transformers"}
+    assert all(isinstance(r["answer"], str) for r in rows)
+
+
 # ----------------------------------------------------------------------------- the CLI
 
 
