@@ -6,7 +6,7 @@ Its "package" is the module `kvtax_fake_backend`, which the same fixture writes 
 out, to play a missing install).
 
 Model: every token held costs `BPT[kv]` bytes in a counter (the memory counter reads it),
-and a decode step is *reported* to take `0.1 + 1e-5 * held * BPT[kv]` ms, so decode is
+prefill also holds `SCRATCH` bytes per prompt token until it ends, and a decode step is *reported* to take `0.1 + 1e-5 * held * BPT[kv]` ms, so decode is
 exactly linear in context with slopes in the ratio of bytes per token. Tokens are
 characters (id = code point, capped at 127); `generate` answers a recall question from its
 own prompt (q4 answers 0: a format that "forgets"); logits are a seeded function of the context, perturbed by
@@ -26,6 +26,7 @@ from kvtax.harness.engines import Engine
 
 BPT = {"f16": 64, "q8": 34, "q4": 18}   # bytes per token of each "cache type"
 NOISE = {"f16": 0.0, "q8": 0.01, "q4": 0.2}
+SCRATCH = 100  # transient bytes per prompt token during prefill (a scores buffer)
 PATHS = ("a", "b")
 VOCAB = 128
 
@@ -104,7 +105,8 @@ class FakeEngine(Engine):
         self._fail("prefill")
         self.held += ids
         self.held.append(self._next())  # the first generated token (TTFT ends here)
-        self.counter.add((len(ids) + 1) * BPT[self.spec.kv])
+        self.counter.add((len(ids) + 1) * BPT[self.spec.kv] + SCRATCH * len(ids))
+        self.counter.add(-SCRATCH * len(ids))  # prefill's transient, freed before decode
 
     def _next(self) -> int:
         return 32 + sum(self.held[-4:]) % (VOCAB - 32)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine_env import BACKEND_VERSION, fake_engine_env
-from tests.kvtax_fake_engine import BPT
+from tests.kvtax_fake_engine import BPT, SCRATCH
 from kvtax.cli import main
 from kvtax.harness.analysis import summarize
 from kvtax.harness.engines import ENGINES
@@ -67,13 +67,14 @@ def test_rows_carry_engine_version_settings_and_info(sweep):
 
 
 def test_phase_peaks_come_from_the_engines_counter(sweep):
-    """Warm-up then reset leaves an empty cache: prefill's peak is the prompt and its first
-    token; decode's is everything held at its end."""
+    """Warm-up then reset leaves an empty cache: prefill's peak is the prompt, its first
+    token and prefill's transient; decode's is everything held at its end, without the
+    transient (its counter was reset at the phase start)."""
     for r in read_rows(sweep[0]):
         bpt, ctx = BPT[r["kv"]], r["context"]
         assert r["bytes_per_token"] == bpt
         assert r["prefill_base_bytes"] == 0
-        assert r["prefill_peak_bytes"] == (ctx + 1) * bpt
+        assert r["prefill_peak_bytes"] == (ctx + 1) * bpt + SCRATCH * ctx
         assert r["cache_bytes"] == (ctx + 1) * bpt
         assert r["decode_base_bytes"] == (ctx + 2) * bpt
         assert r["decode_peak_bytes"] == (ctx + 5) * bpt

@@ -45,12 +45,14 @@ class CounterMeter:
         return self.counter.kind if self.counter is not None else None
 
     def start(self, name: str) -> None:
+        """Phase `name` begins: reset the counter's peak, record its level (bytes)."""
         if self.counter is None:
             self.counter = self.engine.memory_counter()
         self.counter.reset()
         self.baselines[name] = self.counter.current()
 
     def stop(self, name: str) -> int | None:
+        """Phase `name` ends: its peak bytes (None: not measurable)."""
         assert self.counter is not None, "stop() before start()"
         self.peaks[name] = self.counter.peak()
         return self.peaks[name]

@@ -114,6 +114,7 @@ class EngineRecallModel:
         return EngineSession(self._engine((kv, path)), prefix)
 
     def close(self) -> None:
+        """Free the loaded arm's engine (a later question loads it again)."""
         if self.live is not None:
             self.live[1].close()
             self.live = None
