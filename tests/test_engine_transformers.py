@@ -157,8 +157,8 @@ def test_recall_through_the_engine(tmp_path):
     from kvtax.harness.recall import RecallConfig, run_recall
     from kvtax.harness.recall_engine import EngineRecallModel
 
-    cfg = RecallConfig(model="tiny", contexts=[400], kvs=["dynamic", "kvtax-int8"], facts=2, engine="transformers",
-                       max_new_tokens=6)
+    cfg = RecallConfig(model="tiny", contexts=[400], kvs=["dynamic", "kvtax-int8"], facts=2,
+                       engine="transformers", max_new_tokens=6)
     rows = read_rows(run_recall(cfg, tmp_path, log=lambda _s: None,
                                 model=EngineRecallModel(cfg)))
     assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
