@@ -155,3 +155,21 @@ def test_prefill_penalty_and_break_even_tables():
     assert a["prefill_penalty"]["int4/fused"][1024]["ratio"] == pytest.approx(1.5)
     assert a["prefill_penalty"]["int4/fused"][2048]["extra_s"] == pytest.approx(1.0)
     assert a["break_even"]["int4/fused"] == {1024: 500, 2048: "never"}
+
+
+def test_break_even_without_baseline_points_is_empty():
+    """Regression: a sweep whose baseline arm never ran (every cell of dynamic/compiled
+    unavailable) crashed `summarize` with "dictionary changed size during iteration"."""
+    rows = _rows("int4/fused", 1024, [9.0] * 3, ttft=1.5)
+    assert summarize(rows, baseline="fp16/fused")["break_even"] == {}
+
+
+def test_engine_notes_reach_the_summary_once_per_note():
+    rows = _rows("fp16/default", 1024, [10.0] * 2, ttft=1.0) + _rows("q4/default", 1024,
+                                                                      [9.0] * 2, ttft=1.0)
+    for r in rows:
+        r.update(engine="mlx-lm", engine_info={"sdpa_note": "no fused SDPA here",
+                                               "sdpa": "fast", "other_note": None})
+    notes = summarize(rows)["engine_notes"]
+    assert notes == [{"engine": "mlx-lm", "note": "no fused SDPA here",
+                      "arms": ["fp16/default", "q4/default"]}]

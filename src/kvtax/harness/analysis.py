@@ -42,6 +42,18 @@ def arm_engines(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def engine_notes(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What engines said about how their arms ran: each distinct string under an
+    `engine_info` key ending in "_note" (e.g. mlx-lm's "no fused SDPA on this device"),
+    with the engine and the arms whose rows said it."""
+    notes: dict[tuple[str, str], set[str]] = {}
+    for r in rows:
+        for key, text in (r.get("engine_info") or {}).items():
+            if key.endswith("_note") and isinstance(text, str) and text:
+                notes.setdefault((str(r.get("engine")), text), set()).add(str(r["arm"]))
+    return [{"engine": e, "note": n, "arms": sorted(a)} for (e, n), a in sorted(notes.items())]
+
+
 def summarize(
     rows: Iterable[Mapping[str, Any]],
     *,
@@ -91,6 +103,7 @@ def summarize(
         "peaks": peaks,
         "bytes_per_token": bpt,
         "engines": arm_engines(rows),
+        "engine_notes": engine_notes(rows),
         "failures": failures,
         "decode_growth": sorted({(r["arm"], r["context"]) for r in rows
                                  if r.get("status") == "ok" and r.get("decode_growth")}),

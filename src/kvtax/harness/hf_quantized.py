@@ -5,7 +5,9 @@ What a transformers user gets from `QuantizedCache(backend="quanto")`: a stock H
 folder / hub id) whose cache keeps K/V quantized and dequantizes all of it at every
 forward. The cell drives `model(...)` itself — prefill in `chunk_size` chunks, then
 greedy decode steps with EOS ignored — so its phases, peaks and timings are the same as
-every other arm's (`kvtax.harness.cells`).
+every other arm's (`kvtax.harness.cells`). `kvtax bench --engine transformers --kv
+quanto-int4` (harness/engines/transformers_engine.py) measures the same cache with the
+same settings and reuses this module's helpers, so this arm can move there.
 
     >>> hf_quantized_unavailable("int4")          # None: the arm can run here
     >>> row = hf_quantized_cell(cell, hook, out)   # called by cells.run_cell

@@ -22,6 +22,7 @@ from kvtax.harness.report_markdown import (
     section_claims,
     section_cost,
     section_decode,
+    section_engine_notes,
     section_environment,
     section_failures,
     section_flagged,
@@ -81,6 +82,7 @@ def write_report(
     if data.get("verdict"):
         data["verdict"]["sentences"] = sentences(data["verdict"])
     lines += section_verdict(data.get("verdict"), figs)
+    lines += section_engine_notes(bench)
     lines += section_decode(bench, figs)
     lines += section_flagged(bench)
     lines += section_prefill(bench, figs)

@@ -72,6 +72,17 @@ def section_header(d: Mapping[str, Any]) -> list[str]:
     return out + [""]
 
 
+def section_engine_notes(a: Mapping[str, Any]) -> list[str]:
+    """What the engines recorded about how their arms really ran (one line per note)."""
+    notes = a.get("engine_notes") or []
+    if not notes:
+        return []
+    out = ["## How the engines ran", ""]
+    for n in notes:
+        out.append(f"- {n['engine']} ({', '.join(n['arms'])}): {n['note']}")
+    return out + [""]
+
+
 def section_decode(a: Mapping[str, Any], figs: Mapping[str, str]) -> list[str]:
     pts = a.get("decode_points", {})
     if not pts:

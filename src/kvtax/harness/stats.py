@@ -313,6 +313,8 @@ def break_even(
     """break_even_tokens per arm and context, wherever both metrics were measured."""
     tt, dd = by_arm_context(ttft_pts), by_arm_context(decode_pts)
     out: dict[str, dict[int, int | str]] = {}
+    if baseline not in tt or baseline not in dd:  # e.g. every baseline cell unavailable
+        return out
     for arm in tt:
         if arm == baseline or arm not in dd:
             continue

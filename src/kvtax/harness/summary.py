@@ -40,6 +40,8 @@ def print_summary(a: Mapping[str, Any], say: Callable[[str], None] = print) -> N
         say(f"flagged (excluded from fits), robust CV > {a.get('cv_threshold')}:")
         for f in flagged:
             say(f"  {f['arm']} ctx={f['context']} {f['metric']}: {f['reason']}")
+    for n in a.get("engine_notes", []):
+        say(f"{n['engine']} note ({len(n['arms'])} arm(s)): {n['note']}")
     if a.get("decode_growth"):
         say("cache grew inside the decode window at: "
             + ", ".join(f"{arm}@{ctx}" for arm, ctx in a["decode_growth"]))

@@ -6,8 +6,9 @@ prints exactly one JSON row on stdout's last line; phase changes go to stderr as
 `KVTAX_PHASE <name>` so a parent can say where a cell died even when nothing came back.
 
 Failures never escape as exceptions: an out-of-memory becomes `status: "oom"` with the
-phase it happened in, an engine that cannot run the arm here (EngineUnavailable)
-`status: "unavailable"`, anything else `status: "error"` with its text. Forced faults for
+phase it happened in, an engine arm that cannot run here (EngineUnavailable, e.g. a
+compiled arm over a cache that cannot be compiled) `status: "unavailable"` with the
+reason, anything else `status: "error"` with its text. Forced faults for
 tests: `KVTAX_FORCE_OOM=<phase>[:<substring of cell_id>]` raises torch.OutOfMemoryError
 at that phase's start; `cell["mem_limit_bytes"]` caps this process's address space
 (RLIMIT_AS) that many bytes above its size at cell start, so a real allocation fails.
