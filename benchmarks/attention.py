@@ -63,7 +63,7 @@ SWEEP_DECODE = {
     "n16r168sm12": dict(block_n=16, maxnreg=168, per_sm=12),
     "bytes": dict(v_pairs=False), "n64r168sm12": dict(block_n=64, maxnreg=168, per_sm=12),
     "sm10": dict(per_sm=10),
-    # one contiguous run of tiles per split (the order before session 6)
+    # one contiguous run of tiles per split (an earlier order)
     "contig": dict(strided=False), "contig-sm4": dict(strided=False, per_sm=4),
     "n64sm4": dict(block_n=64, per_sm=4),
     # branch-free rescaling (212 registers for int8: 9 resident warps) and register caps

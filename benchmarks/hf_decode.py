@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     env = environment(device)
     # inductor's cudagraph_skip_dynamic_graphs stays at torch's default (off): on, it cut
     # the static decode graphs into 258 CUDA-graph partitions and the compiled rows ran
-    # host-bound at 18-38 ms/token instead of 10-18 (H200, session 4, call 4: the counters
+    # host-bound at 18-38 ms/token instead of 10-18 (H200: the counters
     # each compiled row now records). KVTAX_HF_SKIP_DYNAMIC=1 turns it on to compare.
     skip_dynamic = os.environ.get("KVTAX_HF_SKIP_DYNAMIC", "0") == "1"
     if skip_dynamic:

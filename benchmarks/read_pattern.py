@@ -1,7 +1,7 @@
 """How fast can decode's access pattern be read at all? A read-only twin of decode_warp.py.
 
 The quantized decode kernels reach 45-70% of the streaming-read ceiling while fp16 reaches
-90% (notes/KERNELS.md). Besides the codes, a quantized tile reads four small metadata
+90% (docs/KERNELS.md). Besides the codes, a quantized tile reads four small metadata
 runs (K scales, K biases, V scales, V biases: 128 B each for a 32-slot int8 g64 tile)
 from four other arrays. This benchmark reads exactly that pattern with the same grid
 (one-warp programs, `per_sm` per SM, one split of slots each, the tiles pipelined through

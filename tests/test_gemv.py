@@ -369,7 +369,7 @@ def test_bad_input_raises(monkeypatch):
 
 
 @pytest.mark.skipif(ke.HAS_CUDA, reason="CPU check of the script; the GPU machine's Triton "
-                    "3.6 interpreter fails on runtime loop bounds with NumPy 2 (session 7)")
+                    "3.6 interpreter fails on runtime loop bounds with NumPy 2")
 def test_benchmark_dry_run(tmp_path):
     """benchmarks/gemv.py --dry-run: every arm runs on CPU (interpreter) and writes rows."""
     script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gemv.py"

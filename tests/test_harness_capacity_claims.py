@@ -1,4 +1,4 @@
-"""Capacity arithmetic (seed 001's 13.37 GiB reservation) and claim verdicts."""
+"""Capacity arithmetic (vLLM's 13.37 GiB reservation on an L4) and claim verdicts."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What a cell measures: baselines compute the same attention, growth inside the decode
-window is detected (seed 002's 256-boundary confound), presizing removes it, and the
+window is detected (the 256-token boundary confound measured on mlx-lm), presizing removes it, and the
 quantized_kv_start conversion and path swap run through the real runner."""
 
 from __future__ import annotations

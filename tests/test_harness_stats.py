@@ -1,4 +1,4 @@
-"""Statistics on synthetic data with known answers (seed 000's noisy-cell story included)."""
+"""Statistics on synthetic data with known answers (the noisy-cell story of a published mlx-lm sweep included)."""
 
 from __future__ import annotations
 
@@ -126,10 +126,10 @@ def test_throttled_cell_is_flagged():
     [
         (1.0, 10.0, 1.0, 10.0, 0),            # identical: never slower
         (0.9, 9.0, 1.0, 10.0, 0),             # faster at both
-        (2.0, 12.0, 1.0, 10.0, "never"),      # slower at both (seed 000 at 16k)
+        (2.0, 12.0, 1.0, 10.0, "never"),      # slower at both (a published mlx-lm sweep at 16k)
         (0.5, 12.0, 1.0, 10.0, "never"),      # faster prefill, slower decode: loses long runs
         (2.0, 10.0, 1.0, 10.0, "never"),      # slower prefill, equal decode
-        (264.7, 64.6, 117.3, 100.0, 4164),    # seed 000 at 64k: ~4,166 tokens
+        (264.7, 64.6, 117.3, 100.0, 4164),    # a published mlx-lm sweep at 64k: ~4,166 tokens
         (1.5, 9.0, 1.0, 10.0, 500),           # exactly 500 tokens to pay back 0.5 s at 1 ms
     ],
 )

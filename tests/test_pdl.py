@@ -38,7 +38,7 @@ def test_pdl_launch_follows_kinds(monkeypatch) -> None:
 @pytest.mark.parametrize("spec, launch, late", [("int4", True, False), ("int8", False, True),
                                                 ("bf16", False, True)])
 def test_decode_attention_asks_for_its_measured_placement(spec, launch, late, monkeypatch):
-    """The decode configs' PDL placement (docs/BENCHMARKS.md, sessions 12-13): int4's
+    """The decode configs' PDL placement (docs/BENCHMARKS.md): int4's
     full Gluon grid launches early and lets the reduce go first thing (a grid short of
     every SM launches normally); int8 (swap, 8 per SM)
     and bf16 (decode_warp) launch normally and let it go at their end. KINDS / LATE still

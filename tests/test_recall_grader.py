@@ -8,7 +8,7 @@ from kvtax.harness.recall_facts import candidates, grade, make_facts, normalise,
 
 CASES = [
     # (answer, expected, correct, why)
-    ("4,182 copper coins", "4,182", True, "seed 004: the right number with its unit"),
+    ("4,182 copper coins", "4,182", True, "a published grader bug: the right number with its unit"),
     ("Marta paid exactly 4,182 copper coins for the map.", "4,182", True, "echoes the fact"),
     ("4182", "4,182", True, "no separator"),
     ("4 182", "4,182", True, "space separator"),
@@ -20,7 +20,7 @@ CASES = [
     ("41820 coins", "4,182", False, "value is a prefix of a longer number"),
     ("4182.5", "4,182", False, "a decimal is a different number"),
     ("0.4182", "4,182", False, "digits after a decimal point"),
-    ("exactly", "4,182", False, "seed 004's filler word alone"),
+    ("exactly", "4,182", False, "that grader's filler word alone"),
     ("Marta paid exactly some copper coins.", "4,182", False, "filler words, no value"),
     ("4183, or maybe 4182", "4,182", False, "the first number given is graded"),
     ("", "4,182", False, "empty"),

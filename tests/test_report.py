@@ -20,7 +20,7 @@ SLOPE = {"fp16": 1.0e-3, "int8": 1.0e-3 / 1.9, "int4": 1.0e-3 / 3.5}
 T0 = {"fp16": 20.0, "int8": 20.5, "int4": 20.8}
 BPT = {"fp16": 4096, "int8": 2176, "int4": 1152}   # predicted int8 ratio 1.882, int4 3.556
 TTFT_X = {"fp16": 1.0, "int8": 1.5, "int4": 2.0}    # prefill slowdown vs fp16
-NOISY = ("int4", 16384)                             # seed 000's one noisy cell
+NOISY = ("int4", 16384)                             # a published mlx-lm sweep's one noisy cell
 CLAIMS = [
     {"metric": "slope_ratio", "arm": "int8", "range": [1.8, 2.0]},
     {"metric": "slope_ratio", "arm": "int4", "range": [3.8, 4.2]},
@@ -62,7 +62,7 @@ def synthetic_rows(run_id: str, speed: float = 1.0, seed: int = 0) -> list[dict]
                 ttft = ctx / 5000 * TTFT_X[kv] * (1 + rng.uniform(-0.003, 0.003))
                 row.update(
                     status="ok", ttft_s=ttft, prefill_tok_s=ctx / ttft,
-                    # int4's prefill carries a transient (seed 002's inversion); decode does not.
+                    # int4's prefill carries a transient (mlx-lm's prefill inversion); decode does not.
                     prefill_peak_bytes=int(1e9 + ctx * BPT[kv]
                                            + (ctx * 8192 if kv == "int4" else 0)),
                     decode_ms_per_token=ms, decode_ms_samples=[ms] * 4,

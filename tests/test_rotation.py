@@ -24,7 +24,7 @@ def test_hadamard_is_orthonormal_and_symmetric(d: int) -> None:
 
 def test_hadamard_is_built_once_per_device() -> None:
     """Attention rotates every call's queries: the matrix must not be copied from the
-    host each time (a CUDA graph cannot capture that copy, H200 session 4)."""
+    host each time (a CUDA graph cannot capture that copy, H200)."""
     assert hadamard(128, "cpu") is hadamard(128, torch.device("cpu"))
 
 

@@ -80,7 +80,7 @@ def test_decode_benchmark_smoke(tmp_path, capsys) -> None:
 def test_decode_benchmark_fills_sliding_layers_past_one_chunk(tmp_path) -> None:
     """Gemma 3's sliding layers have rings sized for the runner's chunk: the cache fill
     must append in chunks no longer than it (it used 8192 and failed every cell past 2048
-    tokens on the H200, session 8)."""
+    tokens on the H200)."""
     spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)  # type: ignore[union-attr]

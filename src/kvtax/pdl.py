@@ -2,7 +2,7 @@
 
 A batch-1 decode step is ~240 short kernels, and on the H200 each boundary between two
 of them leaves the memory system idle for ~2.5 µs (benchmarks/kernel_floor.py; notes/
-KERNELS.md, session 11). Launched with PDL (`launch_pdl=True`, sm_90+), a kernel may
+KERNELS.md). Launched with PDL (`launch_pdl=True`, sm_90+), a kernel may
 start while the one before it still runs, once every program of that one has executed
 `griddepcontrol.launch_dependents`; it must then execute `griddepcontrol.wait` before it
 touches memory the kernels before it write. kvtax's decode-step kernels (the fused

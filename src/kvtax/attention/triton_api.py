@@ -160,7 +160,7 @@ def launch_config(
     half = _half(view.head_dim)
     if n_q <= MAX_DECODE_ROWS and group * n_q <= MAX_DECODE_TILE:
         if group * n_q <= 16 and _warp_reason(view) is None:
-            # H200 sweep at 128k (notes/KERNELS.md, run 7): fp8 prefers 16-slot tiles
+            # H200 sweep at 128k (docs/KERNELS.md, run 7): fp8 prefers 16-slot tiles
             # (0.093 vs 0.110 ms), float caches 4 programs per SM (0.143 vs 0.151-0.167)
             fmts = (view.spec.key, view.spec.value)
             if all(isinstance(f, FP8Format) for f in fmts):
@@ -168,12 +168,12 @@ def launch_config(
             if not any(f.is_quantized for f in fmts):
                 return warp_decode_config(q, view, lengths, per_sm=4)
             # int8 / int4 (group 64, D 128) with G * L <= 4: the Gluon swapped kernel,
-            # 0.083 / 0.056 ms vs decode_warp's 0.091 / 0.070 at 128k (H200, session 9)
+            # 0.083 / 0.056 ms vs decode_warp's 0.091 / 0.070 at 128k (H200)
             if not (softcap or masked) and gluon_swap_reason(q, view) is None:
                 return swap_decode_config(q, view, lengths)
             # int8 K and V: two pipeline stages, 0.084-0.085 vs 0.092 ms at 128k in two
             # runs of one process; fp8 (0.103) and int4 (0.077 vs 0.069) lost with two
-            # (H200, session 6, docs/BENCHMARKS.md)
+            # (H200, docs/BENCHMARKS.md)
             if all(isinstance(f, AffineFormat) and f.bits == 8 for f in fmts):
                 return warp_decode_config(q, view, lengths, num_stages=2)
             return warp_decode_config(q, view, lengths)
@@ -195,8 +195,8 @@ def warp_decode_config(
 ) -> LaunchConfig:
     """decode_warp.py's launch: one warp per program, `per_sm` programs per SM (8: one
     wave of the 8 warps an SM holds at ~255 registers, measured best on the H200 at
-    128k, notes/KERNELS.md); splits of >= 4 tiles. `pdl_launch` / `pdl_late`: see
-    swap_decode_config (bf16 at 32k in the model, H200, session 12 call 4: a normal launch
+    128k, docs/KERNELS.md); splits of >= 4 tiles. `pdl_launch` / `pdl_late`: see
+    swap_decode_config (bf16 at 32k in the model, H200: a normal launch
     letting go at the end 5.163 ms per token, launched early 5.403, letting go first
     thing 5.430, PDL on the GEMVs only 5.199)."""
     bh = q.shape[0] * view.num_kv_heads
@@ -217,25 +217,25 @@ def swap_decode_config(
     """decode_swap's launch: one warp per program, 32-slot steps, two stages,
     `per_sm` programs per SM: 12 for int4 K and V, else 8 (the Gluon kernel's best on the
     H200 at 128k: int4 0.056 ms at 12 vs 0.063 at 8; int8 0.083 at 8 vs 0.084 at 12,
-    notes/KERNELS.md session 9); splits of >= 4 steps. `lazy` (default): rescale only when
+    docs/KERNELS.md); splits of >= 4 steps. `lazy` (default): rescale only when
     a score or V scale outgrows the running reference (one warp-wide max per step instead
-    of the column max, the V-scale max and the accumulator rescale; H200 at 128k, session
-    10: int8 0.082 vs 0.083 ms, int4 0.055 vs 0.057). `maxnreg`: the Gluon kernel's
-    register cap (a sweep knob; 64-slot steps measured no faster, notes/KERNELS.md).
+    of the column max, the V-scale max and the accumulator rescale; H200 at 128k:
+    int8 0.082 vs 0.083 ms, int4 0.055 vs 0.057). `maxnreg`: the Gluon kernel's
+    register cap (a sweep knob; 64-slot steps measured no faster, docs/KERNELS.md).
 
     Under programmatic dependent launch (kvtax.pdl), `pdl_launch`: this kernel may start
     while the one before it runs; `pdl_late`: it lets the reduce (and through it the next
     GEMV) launch at its end rather than first thing. Default (None): both early at 12
     per SM, the most the Gluon kernel's registers allow, else a normal launch letting go
-    at the end. The likely reason (docs/BENCHMARKS.md, session 12): below that limit,
+    at the end. The likely reason (docs/BENCHMARKS.md): below that limit,
     programs launched early land unevenly, and the next kernels' programs, launched
     early, wait resident beside this kernel's and cost it time (H200, Llama-3.1-
-    8B, session 12: int8 at 8 per SM, 32k: 4.923 ms per token launched early letting go
+    8B: int8 at 8 per SM, 32k: 4.923 ms per token launched early letting go
     first thing, 4.657 letting go at the end, 4.682 with PDL on the GEMVs only; 128k:
     6.510 launched early, 6.406 without PDL; int4 at 12 per SM, 32k: 4.437 first thing,
     4.469 at the end). Pulling each program's first tiles into L2 before its PDL wait
     measured no faster (int4 at 32k, 2 tiles: 4.489 vs 4.483 ms; 8: 4.643; int8 +1.2%;
-    session 13 call 1, experiment reverted)."""
+    experiment reverted)."""
     if per_sm is None:
         int4 = all(_is_int4(f) for f in (view.spec.key, view.spec.value))
         per_sm = 12 if int4 else 8
@@ -246,7 +246,7 @@ def swap_decode_config(
     if pdl_launch is None:
         # early only where the grid fills every SM: a smaller grid launched early lands
         # on the SMs that had room first (int4 at 4k, 256 programs: 10.8 µs of the
-        # step's critical path per layer vs 7.0 without PDL, session 13 call 2; the
+        # step's critical path per layer vs 7.0 without PDL; the
         # whole step 4.279 ms launched early vs 4.175 normally, call 3)
         pdl_launch = per_sm >= 12 and splits == want
     if pdl_late is None:
@@ -337,7 +337,7 @@ def packed_decode_config(
     heads (see `heads_per_program`), `per_sm` programs per SM, splits of >= 4 tiles.
 
     Opt-in (`config=`; benchmarks/attention.py's `p-*` sweep variants): on the H200 it
-    measured 2x slower than decode_warp.py at 128k (notes/KERNELS.md, session 6)."""
+    measured 2x slower than decode_warp.py at 128k (docs/KERNELS.md)."""
     groups = q.shape[0] * view.num_kv_heads // heads_per_program
     tiles = triton.cdiv(max(_max_slots(view, lengths), 1), block_n)
     want = max(1, per_sm * _sm_count(q.device) // groups)
@@ -380,7 +380,7 @@ def tile_decode_config(
     n_q, group = q.shape[2], q.shape[1] // view.num_kv_heads
     half = _half(view.head_dim)
     block_m = max(16, triton.next_power_of_2(group * n_q))
-    # measured on the H200 at 128k (notes/KERNELS.md): 128-slot tiles suit fp16; int4
+    # measured on the H200 at 128k (docs/KERNELS.md): 128-slot tiles suit fp16; int4
     # with 128-slot folded tiles was faster but failed the fp16 error bound (run 3)
     wide = not any(f.is_quantized for f in (view.spec.key, view.spec.value))
     block_n = 32 if half > 64 else (128 if wide else 64)
@@ -778,7 +778,7 @@ def _v_pairs(view: CacheView) -> bool:
 
 def _fold_pays(fmt: KVFormat, head_dim: int) -> bool:
     """Move scales off the elements (decode) for fp8 and for int4 whose half-rows each lie
-    in one scale group; int8 measured faster dequantizing per element (notes/KERNELS.md)."""
+    in one scale group; int8 measured faster dequantizing per element (docs/KERNELS.md)."""
     if isinstance(fmt, FP8Format):
         return True
     half = head_dim // 2

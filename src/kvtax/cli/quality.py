@@ -83,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="KV format of sliding-window layers (default: the arm's format)")
     # float32 on CUDA too: a bf16 model amplifies any perturbation of the cache, so KL
     # against a bf16 run reads 2-4x higher than the cache's own error (Qwen2.5-Coder-0.5B
-    # int8+hk+ck at 32k: 1.7e-3 bf16 vs 5.1e-4 float32, docs/QUALITY.md session 5).
+    # int8+hk+ck at 32k: 1.7e-3 bf16 vs 5.1e-4 float32, docs/QUALITY.md).
     add_model_dtype(p, cuda_default="float32",
                     why="; a bf16 model inflates KL 2-4x, see docs/QUALITY.md")
     p.add_argument("--chunk-size", type=at_least(1), default=256,

@@ -67,7 +67,7 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
 
     On CPU, and for float32, in float32. fp16/bf16 on CUDA multiply by H in x's dtype with
     float32 accumulation: one GEMM launch instead of cast + float32 GEMM + cast (measured
-    ~9 µs of extra kernels per decode call on the H200, session 4); the result is rounded
+    ~9 µs of extra kernels per decode call on the H200); the result is rounded
     to x.dtype either way.
     """
     half = x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)

@@ -36,7 +36,7 @@ ROTATIONS = ("", "k", "kv")
 # KL to 1.45e-3, +hk+ck to 2.1e-4 (target <= 1e-3) with fp16's recall to 32k; on Gemma-3
 # +hk met the bound where plain int8 missed (docs/QUALITY.md). Cost: one [H_q, D] x [D, D]
 # GEMM per decode call (H200 at 128k: 0.099 vs 0.092 ms per layer) and one subtraction
-# per cache write (32k whole model: 6.09 vs 6.08 ms/token, docs/BENCHMARKS.md session 5).
+# per cache write (32k whole model: 6.09 vs 6.08 ms/token, docs/BENCHMARKS.md).
 DEFAULT_KV = "int8+hk+ck"
 
 

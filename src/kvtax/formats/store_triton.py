@@ -252,7 +252,7 @@ def _plan(
     if rows <= 64 and (kf[0] != 0 or vf[0] != 0) and not _interpreting():
         # a decode step's few quantized rows: one row per one-warp program (group min/max
         # by warp shuffles, no shared memory): H200, 32 layers of one int8 token each,
-        # 0.063 vs 0.172 ms per step (benchmarks/quantize.py --launches, session 7)
+        # 0.063 vs 0.172 ms per step (benchmarks/quantize.py --launches)
         block_r, warps = 1, 1
     if LAUNCH_OVERRIDE is not None:
         block_r, warps = LAUNCH_OVERRIDE

@@ -5,7 +5,7 @@
     >>> argmax_rows(logits, out=tokens, advance=(pos, lengths))  # greedy graph step
 
 The kernel (`kernels/argmax.py`) replaces torch's single-block reduction (27 µs per
-128,256-wide row on the H200; 3.6 µs here, decode.py's profile, session 13 call 3). It
+128,256-wide row on the H200; 3.6 µs here, decode.py's profile). It
 keeps a zeroed counter per row between calls (the last program of a row sets it back),
 one set per device and stream, so calls on one stream never share it with calls on
 another. On CPU the kernel runs only when

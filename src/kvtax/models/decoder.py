@@ -254,7 +254,7 @@ class DecoderModel(nn.Module):
     fused_gemv = False  # see set_fused_gemv
     # the fused qkv GEMV builds its RoPE tables from the positions (no table kernels in a
     # decode step; False: it reads the tables built once per step, as unfused layers do).
-    # H200, Llama-3.1-8B at 32k, ms per token, positions / tables (session 14 call 4, the
+    # H200, Llama-3.1-8B at 32k, ms per token, positions / tables (the
     # qkv tile held across the PDL wait): int4 4.265 / 4.261, int8 4.519 / 4.522, bf16
     # 4.937 / 4.957; 227 launches per step instead of 235. (Without the held tile, call 2,
     # the positions lost: int4 4.286 / 4.267.)

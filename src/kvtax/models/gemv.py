@@ -41,8 +41,8 @@ POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritte
 # launches (o, down); 4 (default) in those and the RoPE launch, not gate/up or lm_head.
 # The held tile stays in W's dtype until after the wait (Triton 3.6, sm_90: qkv 92
 # registers, run capped at 80 so its 768 programs fit one wave; gate/up 120 instead of 80,
-# 4 programs per SM instead of 6). Llama-3.1-8B on the H200, ms per token: session 13
-# (tile held as fp32, 32k, modes 0 / 3 / 2) int4 4.483 / 4.465 / 4.574; session 14 call 2
+# 4 programs per SM instead of 6). Llama-3.1-8B on the H200, ms per token:
+# (tile held as fp32, 32k, modes 0 / 3 / 2) int4 4.483 / 4.465 / 4.574
 # (32k, modes 4 / 3 / 1 / 2) int4 4.254 / 4.286 / 4.263 / 4.301, int8 4.517 / 4.542, bf16
 # 4.939 / 4.956; call 3 (32k-128k, 4 vs 3): 0 to -0.4% in every cell
 PDL_FIRST = 4
@@ -91,15 +91,15 @@ def default_config(
     warp, twice) and block_n <= 8 rows, fewer where the fp32 tiles (rows x (2 with
     SILU_MUL)) would pass ~32 registers per thread. Split-K only where the row blocks
     would not give every SM a program: on the H200 every Llama-3.1-8B decode shape ran
-    fastest unsplit with 8-row blocks or within 0.4 us of it (benchmarks/gemv.py --sweep,
-    session 7: o 15.9 vs 18.1 us split 4, down 36.1 vs 38.4, qkv 19.1 vs 21.8 split 2),
+    fastest unsplit with 8-row blocks or within 0.4 us of it (benchmarks/gemv.py --sweep:
+    o 15.9 vs 18.1 us split 4, down 36.1 vs 38.4, qkv 19.1 vs 21.8 split 2),
     and a split costs a second launch in the model (0.145 ms per token for 96).
-    Two adjustments measured inside the model (decode.py --gemv-override, H200, session
-    10, µs per call): 4-row blocks where 8-row ones would give fewer than 4 programs per
+    Two adjustments measured inside the model (decode.py --gemv-override, H200,
+    µs per call): 4-row blocks where 8-row ones would give fewer than 4 programs per
     SM (o 10.9 vs 11.1, down 29.7 vs 30.5; qkv's 5.8 per SM lost with them: 16.9 vs 14.5),
     and 2 KiB per row per step where there are 16+ programs per SM to stream (gate/up 57.5
     vs 59.5, lm_head 236.4 vs 244.1; 64 accumulator registers, still no spill).
-    Session 13 (H200, in the model under PDL, one row): where the 4-row rule applies (o,
+    Measured on the H200 (in the model under PDL, one row): where the 4-row rule applies (o,
     down) and for gate/up, 2-row blocks reading 4 KiB of each row per step, with each
     step's products folded in groups of 8 bytes of W (`fold`, so the accumulators stay
     small): down 29.2 -> 26.4 µs per call (its bytes alone: 26.0), o 9.9 -> 7.9, gate/up
@@ -117,7 +117,7 @@ def default_config(
     fold = 1
     long_runs = (rows == 1 and triton.cdiv(n, 2) >= num_sms  # no split-K needed
                  and (silu_mul or (block_n == 8 and blocks < 4 * num_sms)))
-    if long_runs:  # (measured at one row, session 13)
+    if long_runs:  # (measured at one row)
         block_n = min(2, block_n)
         block_k = min(4096 // elem_bytes, triton.next_power_of_2(k))
         fold = min(max(1, 8 // elem_bytes), block_k)

@@ -8,7 +8,7 @@ Status: correct (interpreter and H200 tests) but opt-in: on the H200 at 128k it 
 its sm_90 loop issues 11% fewer instructions per slot. The likely cause, from the SASS
 (Triton 3.9): a 16-slot tile's metadata is 2 bytes per lane, too narrow for cp.async, so
 16 metadata loads per tile (4 heads x 4 arrays) are plain LDGs the warp waits on
-(notes/KERNELS.md, session 6).
+(docs/KERNELS.md).
 
 Why: mma.sync's smallest M is 16 rows and decode at G = 4 query heads per KV head has 4
 rows; decode_warp pads them to 16, so three quarters of its score tile, of the softmax and

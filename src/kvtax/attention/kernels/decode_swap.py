@@ -22,7 +22,7 @@ quarter of decode_warp's.
 
 Role: this is the Triton twin of `decode_swap_gluon.py`, which serves the same algorithm
 on CUDA where it applies (int8 / int4 group 64 at head dim 128; 0.083 / 0.056 ms against
-decode_warp's 0.091 / 0.070 at 128k on the H200, notes/KERNELS.md session 9). Gluon has
+decode_warp's 0.091 / 0.070 at 128k on the H200, docs/KERNELS.md). Gluon has
 no interpreter, so CI checks the algorithm here; on a GPU this kernel serves kernel
 "swap" for the other shapes and for soft-capping, at about decode_warp's speed (Triton
 moves P and the K operands through shared memory: int8 0.088-0.093 ms at 128k).

@@ -9,7 +9,7 @@ registers), and measured no faster than decode_warp.py on the H200. Written in G
 (Triton's explicit-layout dialect) the step is ~580 instructions in ~168 registers: the
 codes go from shared memory to the MMA operands by ldmatrix and one prmt per two codes,
 P reaches its operand layout through warp shuffles. H200, 128k, one Llama-3.1-8B layer
-(notes/KERNELS.md, session 9): int8 0.083 ms vs decode_warp's 0.091, int4 0.056 vs 0.070
+(docs/KERNELS.md): int8 0.083 ms vs decode_warp's 0.091, int4 0.056 vs 0.070
 (12 programs per SM, which its register count allows).
 
 Gluon does not run in Triton's interpreter, so CI cannot execute this kernel:

@@ -322,7 +322,7 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     Why the V metadata is prefetched by hand: Triton's pipeliner staged the codes and the
     K metadata through cp.async but left one V metadata load inside the iteration that
     needs it, and Nsight Compute showed 31% of the warps' stall cycles waiting on it
-    (H200, int8 at 128k, notes/KERNELS.md).
+    (H200, int8 at 128k, docs/KERNELS.md).
     """
     o_next = start + step + tl.arange(0, BLOCK_N)
     nvs_lo, nvb_lo, nvs_hi, nvb_hi = _meta(p_vs, p_vb, start + step, o_next < hi, s_vm,
@@ -427,7 +427,7 @@ def _decode_warp_kernel(
         HAS_KV_START)
     if STRIDED:  # split s takes tiles s, s + S, s + 2S, ...: the programs sweep the cache
         lo = 0    # together (at 128k, 10% faster to read than one contiguous run per split:
-        hi = num_slots  # benchmarks/read_pattern.py on the H200, notes/KERNELS.md)
+        hi = num_slots  # benchmarks/read_pattern.py on the H200, docs/KERNELS.md)
         off = split * BLOCK_N
         step = num_splits * BLOCK_N
     else:

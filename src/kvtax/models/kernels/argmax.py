@@ -1,7 +1,7 @@
 """Greedy decoding's argmax over each row of the logits, in one launch.
 
 Why a kernel: torch's argmax over one 128,256-wide row (Llama-3's vocabulary) runs as a
-single-block reduction, 27 µs on the H200 (benchmarks/decode.py's profile, session 13) —
+single-block reduction, 27 µs on the H200 (benchmarks/decode.py's profile) —
 half a percent of a batch-1 decode step. Here `n_prog` programs per row each reduce one
 chunk to (max, its first index, the first NaN's index); the last program of the row to
 finish (an acq_rel counter per row) merges the partials, writes the token id, and sets

@@ -25,7 +25,7 @@ after loading its first block). A program lets the next kernel launch at once an
 nothing the step writes). The tile is held in W's own dtype and widened after the wait
 (as fp32 it cost qkv's RoPE launch 107 registers instead of 93, gate/up 143 instead of
 80; in W's dtype 92 and 120, Triton 3.6, sm_90). Which launches wait where is
-kvtax.models.gemv.PDL_FIRST's choice: qkv, o and down (session 14, docs/BENCHMARKS.md);
+kvtax.models.gemv.PDL_FIRST's choice: qkv, o and down (docs/BENCHMARKS.md);
 gate/up, at 4 programs per SM instead of 6, slows the o GEMV beside it.
 
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
