@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call: the kernel tests on the GPU, then the attention benchmark.
-# Usage (repo root, on the GPU machine): OUT=/some/dir bash benchmarks/gpu_check.sh [bench args...]
+# Usage (repo root, on a CUDA machine): OUT_DIR=/some/dir bash benchmarks/gpu_check.sh [bench args...]
 # TEST_S / BENCH_S bound each phase (seconds) so a run fits its lease.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src:${PYTHONPATH:-}"
-OUT=${OUT:-/tmp/kvtax-gpu}
+OUT=${OUT_DIR:-/tmp/kvtax-gpu}
 mkdir -p "$OUT"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

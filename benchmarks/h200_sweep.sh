@@ -5,7 +5,7 @@
 # repetitions, presized caches; then `kvtax report` on the run folder.
 #
 #   benchmarks/h200_sweep.sh [--out DIR]         new sweep into DIR/<UTC time>-h200-sweep/
-#                                                (DIR: $OUT when set, else runs/h200-sweep)
+#                                                (DIR: $OUT_DIR when set, else runs/h200-sweep)
 #   benchmarks/h200_sweep.sh --resume RUN_DIR    finish it in a second call (a read-only
 #                                                RUN_DIR is copied under DIR first)
 #   benchmarks/h200_sweep.sh --plan              print the planned cells and time, run nothing
@@ -46,7 +46,7 @@ EXTRA_ARGS=${EXTRA_ARGS:-}
 say() { echo "[h200_sweep] $*"; }
 die() { echo "h200_sweep.sh: $*" >&2; exit 2; }
 
-OUTDIR=${OUT:-runs/h200-sweep}
+OUTDIR=${OUT_DIR:-runs/h200-sweep}
 RESUME=""
 PLAN_ONLY=0
 while [[ $# -gt 0 ]]; do

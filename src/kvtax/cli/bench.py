@@ -134,8 +134,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="harness self-test: raise OutOfMemoryError in PHASE (setup, prefill, "
                         "decode) of cells whose id contains CELL")
     p.add_argument("--cuda-graph", choices=["auto", "off"], default="auto",
-                   help="fused path's decode: CUDA graph when the runner can (auto; needs "
-                        "--presize) or eager like the baselines (off)")
+                   help="every path's decode: CUDA graph when the runner can (auto; needs "
+                        "--presize; the baselines are captured too, as masked reads of the "
+                        "presized storage) or eager (off)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="wall-clock budget of this invocation: start no cell that would likely "
                         "end past it (judged from the slowest finished cell of that arm and "

@@ -80,7 +80,11 @@ BENCH_EXTRA_KEYS = {
     "prefill_growth_events": "cache reallocations during the prompt",
     "decode_growth_events": "cache reallocations inside the timed decode window",
     "decode_ms_median": "median of decode_ms_samples (decode_ms_per_token is their mean)",
-    "cuda_graph": "whether decode replayed a CUDA graph (model level)",
+    "cuda_graph": "whether decode replayed a CUDA graph (model level; attention level is "
+                  "always false)",
+    "graph_off_reason": "why decode ran eagerly (null when captured or not attempted)",
+    "sdpa_backend": "torch SDPA backend the fp16 / dequant path's decode dispatched to "
+                    "(null: no SDPA)",
     "weight_bytes": "model parameter bytes (model level)",
     "layer_shape": "[query heads, KV heads, head_dim] (attention level)",
     "traceback": "the worker's traceback on status error",
