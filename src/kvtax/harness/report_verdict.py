@@ -130,6 +130,7 @@ def advice_table(v: Mapping[str, Any]) -> list[str]:
     """context x answer length: who finishes first, its seconds, the best fp16's."""
     grid, base = v["advice"], v["baseline"]
     ns = sorted({n for per in grid.values() for n in per})
+    counted = {(ctx, n) for ctx, n, _arm in v.get("quantized_wins", [])}
     rows = []
     for ctx, per in sorted(grid.items()):
         cells = []
@@ -142,6 +143,8 @@ def advice_table(v: Mapping[str, Any]) -> list[str]:
             ref = secs.get(base)
             tail = "" if win == base or ref is None else f" vs {num(ref)} s"
             star = " *" if cell.get("noisy") else ""
+            if win != base and not star and (ctx, n) not in counted:
+                star = " †"  # first by the fits, but its measured decode is not faster there
             cells.append(f"{win} {num(secs[win])} s{tail}{star}")
         misfit = sorted({a for cell in per.values() for a in cell.get("misfit", [])})
         rows.append([f"{ctx:,}", *cells, ", ".join(misfit) or "-"])
@@ -149,6 +152,10 @@ def advice_table(v: Mapping[str, Any]) -> list[str]:
     if any("*" in str(c) for r in rows for c in r):
         out += ["`*`: the winner's TTFT or decode point there is flagged noisy; the verdict "
                 "does not count it.", ""]
+    if any("†" in str(c) for r in rows for c in r):
+        out += ["`†`: first by the fitted lines, but its measured decode at this context is not "
+                "faster than every fp16 arm's, so the advice above keeps fp16 there (the "
+                "margin is inside what the fits can tell apart).", ""]
     return out
 
 
