@@ -95,17 +95,47 @@ def _finish(ax: Any, xlabel: str, ylabel: str, legend: bool = True) -> None:
 
 
 def decode_plot(a: Mapping[str, Any], path: Path) -> Path | None:
-    """ms/token vs context per arm: medians, fitted lines (solid), the bytes-predicted
-    line of each quantized arm (thin dotted: baseline slope x bytes ratio), flagged points."""
+    """ms/token vs context per arm: medians, fitted lines (over each arm's measured
+    contexts), the bytes-predicted line of each quantized arm (thin dotted: baseline slope x
+    bytes ratio), flagged points. When some arm is far slower than the best fp16 (the
+    baselines), a second panel shows only the arms within ZOOM x of it, on their own scale."""
     pts = a.get("decode_points", {})
     if not pts:
         return None
     plt = _plt()
     st = styler(pts)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    fits, bpt, base = a.get("fits", {}), a.get("bytes_per_token", {}), a.get("baseline")
-    top = max(c for per in pts.values() for c in per)
-    for arm, per in sorted(pts.items()):
+    base = a.get("baseline")
+    near = _near_baseline(pts, base)
+    panels = [sorted(pts)] + ([near] if near and len(near) < len(pts) else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(8 if len(panels) == 1 else 13, 5),
+                             squeeze=False)
+    for i, (ax, arms) in enumerate(zip(axes[0], panels)):
+        _draw_decode(ax, a, arms, st)
+        what = ("Decode ms/token vs context: points = medians, lines = fits" if i == 0 else
+                f"zoom: arms within {ZOOM:g}x of {base}")
+        ax.set_title(title(a, what), fontsize=10)
+        _finish(ax, "context (tokens)", "decode ms / token")
+    return _save(fig, path)
+
+
+ZOOM = 3.0  # the zoom panel's arms: largest median within this factor of the baseline's
+
+
+def _near_baseline(pts: Mapping[str, Any], base: str | None) -> list[str]:
+    """Arms whose slowest median is within ZOOM x of the baseline's slowest (none: [])."""
+    if base not in pts:
+        return []
+    top = max(p["median"] for p in pts[base].values())
+    return sorted(arm for arm, per in pts.items()
+                  if max(p["median"] for p in per.values()) <= ZOOM * top)
+
+
+def _draw_decode(ax: Any, a: Mapping[str, Any], arms: list[str],
+                 st: Mapping[str, Mapping[str, Any]]) -> None:
+    pts, fits = a.get("decode_points", {}), a.get("fits", {})
+    bpt, base = a.get("bytes_per_token", {}), a.get("baseline")
+    for arm in arms:
+        per = pts[arm]
         s, xs = st[arm], _xs(per)
         ok = [c for c in xs if not per[c]["flagged"]]
         ax.plot(ok, [per[c]["median"] for c in ok], s["marker"], color=s["color"], ms=s["ms"],
@@ -117,7 +147,7 @@ def decode_plot(a: Mapping[str, Any], path: Path) -> Path | None:
             ys = [per[c]["median"] for c in bad]
             ax.plot(bad, ys, s["marker"], color=s["color"], ms=s["ms"], alpha=0.4)
             ax.plot(bad, ys, "x", color="red", ms=5, mew=1.5)
-        fit = fits.get(arm)
+        fit, top = fits.get(arm), max(xs)  # a fit is drawn only where the arm was measured
         if fit:
             ax.plot([0, top], [fit["t0"], fit["t0"] + fit["m"] * top], color=s["color"],
                     linestyle=s["linestyle"], lw=1.2)
@@ -125,14 +155,10 @@ def decode_plot(a: Mapping[str, Any], path: Path) -> Path | None:
             m = fits[base]["m"] * bpt[arm] / bpt[base]
             ax.plot([0, top], [fit["t0"], fit["t0"] + m * top], color=s["color"], lw=0.8,
                     linestyle=(0, (1, 2)), gid=f"predicted {arm}")
-    if any(p["flagged"] for per in pts.values() for p in per.values()):
+    if any(pts[arm][c]["flagged"] for arm in arms for c in pts[arm]):
         ax.plot([], [], "x", color="red", label="flagged (excluded from fit)")
     ax.plot([], [], color="grey", lw=0.8, linestyle=(0, (1, 2)),
             label=f"bytes-predicted slope ({base} slope x bytes ratio)")
-    ax.set_title(title(a, "Decode ms/token vs context: points = medians, lines = fits"),
-                 fontsize=10)
-    _finish(ax, "context (tokens)", "decode ms / token")
-    return _save(fig, path)
 
 
 def memory_plot(a: Mapping[str, Any], path: Path) -> Path | None:
