@@ -113,11 +113,29 @@ def test_resume_runs_only_the_missing_cell(sweep: Path, tmp_path: Path) -> None:
     assert redo["status"] == "ok" and redo["engine_info"]["path_ran"] == "nofa"
 
 
-def test_broken_gguf_becomes_error_rows(gguf: str, tmp_path: Path) -> None:
+def test_unreadable_gguf_is_refused_before_any_cell(tmp_path: Path) -> None:
+    """A file kvtax cannot read a config from: one line, exit 2, no run folder."""
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + bytes(64))
     proc = _bench(BASE + ["--model", str(bad), "--kv", "f16", "--out", str(tmp_path / "r")])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "GGUF" in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_gguf_llama_cpp_cannot_load_becomes_error_rows(gguf: str, tmp_path: Path) -> None:
+    """Metadata kvtax reads (block_count one past the tensors) but llama.cpp refuses: the
+    failure is the cell's row (status error, phase setup) and the exit status says so (1)."""
+    from gguf import GGUFReader
+
+    bad = tmp_path / "one-block-short.gguf"
+    bad.write_bytes(Path(gguf).read_bytes())
+    field = GGUFReader(str(bad), "r+").fields["llama.block_count"]
+    field.parts[field.data[0]][0] += 1  # in place: the file now promises a block it lacks
+    proc = _bench(BASE + ["--model", str(bad), "--kv", "f16", "--out", str(tmp_path / "r")])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "0 of 1 cells measured; 1 failed" in proc.stderr
     (row,) = read_rows(_run_dir(tmp_path / "r"))
     assert row["status"] == "error" and row["phase"] == "setup"
     assert "Failed to load model" in row["error"]

@@ -108,7 +108,7 @@ def recall_row(cell: dict, run_id: str, device: str, commit: str | None) -> dict
 def _fitted(model: RecallModel, kvs: list[str]) -> list[str]:
     """`kvs` with each format named without a group size given one dividing the model's
     head_dim, so rows name what is stored ("int8" → "int8-g32" at 96)."""
-    head_dim = getattr(getattr(model.model, "config", None), "head_dim", None)
+    head_dim = getattr(getattr(getattr(model, "model", None), "config", None), "head_dim", None)
     return [fit_kv_name(kv, head_dim) for kv in kvs] if isinstance(head_dim, int) else kvs
 
 
