@@ -292,11 +292,15 @@ def test_resume_runs_only_the_missing_cells(sweep, tmp_path):
 def test_engine_error_becomes_a_row(tmp_path):
     broken = tmp_path / "broken"  # an MLX folder without weights: mlx_lm.load raises
     broken.mkdir()
-    (broken / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    # a complete config (kvtax reads it before any cell), but no weights
+    (broken / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "vocab_size": 320, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5}))
     out = tmp_path / "runs"
     proc = _bench(BASE + ["--model", str(broken), "--contexts", "64", "--kv", "fp16",
                           "--out", str(out / "a")])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]  # nothing measured
     (row,) = read_rows(_run_dir(out / "a"))
     assert row["status"] == "error" and row["phase"] == "setup"
     assert "No safetensors found" in row["error"]

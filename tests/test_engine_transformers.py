@@ -240,10 +240,14 @@ def test_compiled_arms_run_or_say_why_not(tmp_path):
 def test_engine_error_becomes_a_row(tmp_path):
     broken = tmp_path / "broken"  # a HF folder without weights: from_pretrained raises
     broken.mkdir()
-    (broken / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    # a complete config (kvtax reads it before any cell), but no weights
+    (broken / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+        "vocab_size": 320, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5}))
     proc = _bench(BASE + ["--model", str(broken), "--contexts", "64", "--kv", "dynamic",
                           "--out", str(tmp_path / "runs")])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]  # nothing measured
     (row,) = read_rows(_run_dir(tmp_path / "runs"))
     assert row["status"] == "error" and row["phase"] == "setup"
     assert str(broken) in row["error"] or "model.safetensors" in row["error"]
