@@ -32,7 +32,7 @@ FORMATS = {
 }
 ALL_SPECS_128 = [
     "fp16", "bf16", "int8", "int4", "fp8", "k8v4", "k4v8", "kfp8v4", "k8vfp16",
-    "int8-g32", "int8-g128", "int4-g32", "int4-g128",
+    "int8-g32", "int8-g128", "int4-g32", "int4-g128", "fp8-pt", "kfp8-ptv4",
 ]
 
 
