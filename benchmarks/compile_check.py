@@ -72,7 +72,7 @@ def attention_cases(full: bool):
     from kvtax.attention import triton_api as ta
     from kvtax.cache import FullCache, SlidingCache
 
-    specs = ["fp16", "bf16", "int8", "int4", "fp8", "k8v4", "int4-g32"]
+    specs = ["fp16", "bf16", "int8", "int4", "fp8", "fp8-pt", "k8v4", "int4-g32"]
     grid = [(s, 128, 4, 1, dt, sl) for s in specs for dt in (torch.float16, torch.bfloat16)
             for sl in (False, True)]
     grid += [(s, d, 8, 1, torch.float16, False) for s, d in
@@ -162,11 +162,11 @@ def store_cases():
     from kvtax.cache import FullCache
 
     for spec, d, dtype, t in itertools.product(
-        ["fp16", "int8", "int4", "fp8", "k8v4", "int8-g32", "int4-g16"], [80, 128],
+        ["fp16", "int8", "int4", "fp8", "fp8-pt", "k8v4", "int8-g32", "int4-g16"], [80, 128],
         [torch.float16, torch.bfloat16], [1],
     ):
         group = int(spec.rsplit("-g", 1)[1]) if "-g" in spec else 64
-        if spec not in ("fp16", "fp8") and d % group:
+        if spec not in ("fp16", "fp8", "fp8-pt") and d % group:
             continue
         cache = FullCache(spec, capacity=64)
         cache.fused_store = True

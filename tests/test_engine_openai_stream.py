@@ -219,7 +219,10 @@ def test_server_rss_samples_where_the_peak_cannot_be_reset(monkeypatch) -> None:
     counter.reset()
     start = counter.current()
     buf = bytearray(64 << 20)
-    time.sleep(0.05)
+    buf[::4096] = b"\1" * len(range(0, 64 << 20, 4096))  # every page resident
+    deadline = time.monotonic() + 10  # the thread's samples, not peak()'s own reading:
+    while (counter._sampled or 0) - start < 60 << 20 and time.monotonic() < deadline:
+        time.sleep(0.005)  # a loaded machine may run the sampler late; wait for it
     del buf
     time.sleep(0.01)
     peak = counter.peak()
