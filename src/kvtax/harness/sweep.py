@@ -152,7 +152,7 @@ def run_sweep(
         # Flat: the sweep's fields at top level (cv_threshold, claims... are what reports read).
         config = dict(cfg.to_dict(), kind="bench", cell_overrides=cell_overrides or {},
                       argv=sys.argv, command=command)
-        default = (f"bench-{cfg.model}" if cfg.engine == "kvtax"
+        default = (f"bench-{Path(cfg.model).name}" if cfg.engine == "kvtax"
                    else f"bench-{cfg.engine}-{Path(cfg.model).name}")
         store = RunStore.create(out, name or default, config)
         say(f"run folder {store.path}")
