@@ -95,6 +95,9 @@ def _cases(f: dict[str, Path]) -> dict[str, tuple[list[str], int, str]]:
         "bench-reps-negative": (["bench", "--reps", "-1"], BAD_INPUT, "must be >= 1, got -1"),
         "bench-model-nonexistent": (["bench", "--model", "/nonexistent"], BAD_INPUT,
                                     "not found"),
+        # another engine's missing model file is refused before any cell, too
+        "bench-engine-model-nonexistent": (["bench", "--engine", "transformers", "--model",
+                                            "missing.gguf"], BAD_INPUT, "not found"),
         "bench-contexts-past-max": (["bench", "--contexts", "100000k"], BAD_INPUT,
                                     "past tiny's maximum of 8,192 positions"),
         "recall-contexts-too-short": (["recall", "--model", "tiny", "--contexts", "512",

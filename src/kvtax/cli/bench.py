@@ -298,7 +298,11 @@ def _checks_model(cfg: Any) -> bool:
         return False
     from kvtax.models import CONFIG_NAMES
 
-    return cfg.model.lower() in CONFIG_NAMES or Path(cfg.model).expanduser().exists()
+    name = cfg.model
+    if name.lower() in CONFIG_NAMES or Path(name).expanduser().exists():
+        return True
+    # a path that is not there is refused up front; a hub id is the engine loader's to find
+    return name.lower().endswith(".gguf") or name.startswith((".", "~", "/"))
 
 
 def _names_a_model(name: str) -> bool:
