@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import mmap
 import os
 import sys
 import threading
@@ -218,12 +219,12 @@ def test_server_rss_samples_where_the_peak_cannot_be_reset(monkeypatch) -> None:
     assert counter.kind == "server_rss_sampled"
     counter.reset()
     start = counter.current()
-    buf = bytearray(64 << 20)
+    buf = mmap.mmap(-1, 64 << 20)  # fresh pages (reused heap memory would not raise RSS)
     buf[::4096] = b"\1" * len(range(0, 64 << 20, 4096))  # every page resident
     deadline = time.monotonic() + 10  # the thread's samples, not peak()'s own reading:
     while (counter._sampled or 0) - start < 60 << 20 and time.monotonic() < deadline:
         time.sleep(0.005)  # a loaded machine may run the sampler late; wait for it
-    del buf
+    buf.close()
     time.sleep(0.01)
     peak = counter.peak()
     counter.close()

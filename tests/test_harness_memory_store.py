@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import mmap
 
 import pytest
+
 import torch
 
 from kvtax.harness import memory
@@ -27,8 +29,11 @@ def test_cpu_peak_resets_per_phase():
     by garbage collection, which lower RSS while the tensor raises it.)"""
     meter = memory.PhaseMeter("cpu")
     with meter.phase("big"):
-        x = torch.ones(50 * MB, dtype=torch.float32)  # 200 MiB, written so it is resident
-        del x
+        # 200 MiB of fresh anonymous pages, each written: resident whatever the allocator
+        # already holds (freed heap memory that earlier tests left would be reused unseen)
+        x = mmap.mmap(-1, 200 * MB)
+        x[::4096] = b"\1" * len(range(0, 200 * MB, 4096))
+        x.close()
     with meter.phase("small"):
         y = torch.ones(1000)
         del y
