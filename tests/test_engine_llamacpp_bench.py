@@ -115,6 +115,8 @@ def test_resume_runs_only_the_missing_cell(sweep: Path, tmp_path: Path) -> None:
 
 def test_unreadable_gguf_is_refused_before_any_cell(tmp_path: Path) -> None:
     """A file kvtax cannot read a config from: one line, exit 2, no run folder."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install "
+                                            "'kvtax[llamacpp]')")
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + bytes(64))
     proc = _bench(BASE + ["--model", str(bad), "--kv", "f16", "--out", str(tmp_path / "r")])
