@@ -106,7 +106,7 @@ def test_kvtax_engine_quality_matches_the_kvtax_quality_path(tmp_path):
 
 
 def test_kvtax_engine_recall_matches_the_kvtax_recall_path(tmp_path):
-    """Engine.generate on kvtax's runner answers what the existing recall session does."""
+    """Engine.generate on kvtax's runner answers what kvtax's own recall path answers."""
     cfg = RecallConfig(model="tiny", contexts=[448], kvs=["int8"], facts=2, engine="kvtax",
                        max_new_tokens=6)
     legacy = read_rows(run_recall(cfg, tmp_path / "a", log=lambda _s: None))

@@ -104,6 +104,18 @@ class Engine(ABC):
     def arms(cls, kvs: list[str], paths: list[str]) -> list[tuple[str, str]]:
         """The (kv, path) arms of a sweep; raises KVTaxError (one line) for a bad name."""
 
+    @staticmethod
+    def checked_product(engine: str, kvs: list[str], paths: list[str], parse: Any,
+                        known_paths: tuple[str, ...]) -> list[tuple[str, str]]:
+        """kvs x paths after `parse(kv)` accepted every kv (it raises KVTaxError) and every
+        path is one of `known_paths` (else one KVTaxError line naming them)."""
+        for kv in kvs:
+            parse(kv)
+        bad = [p for p in paths if p not in known_paths]
+        if bad:
+            raise KVTaxError(f"{engine} has no path {bad[0]!r}; use {', '.join(known_paths)}")
+        return [(kv, p) for kv in kvs for p in paths]
+
     @classmethod
     def default_kvs(cls) -> list[str]:
         """--kv when the user gives none."""

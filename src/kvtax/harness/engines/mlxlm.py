@@ -197,12 +197,7 @@ class MlxLmEngine(TextEngine, Engine):
 
     @classmethod
     def arms(cls, kvs: list[str], paths: list[str]) -> list[tuple[str, str]]:
-        for kv in kvs:
-            parse_kv(kv)
-        bad = [p for p in paths if p not in PATHS]
-        if bad:
-            raise KVTaxError(f"mlx-lm has no path {bad[0]!r}; use {', '.join(PATHS)}")
-        return [(kv, p) for kv in kvs for p in paths]
+        return cls.checked_product("mlx-lm", kvs, paths, parse_kv, PATHS)
 
     @classmethod
     def default_kvs(cls) -> list[str]:

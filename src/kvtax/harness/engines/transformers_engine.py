@@ -174,12 +174,7 @@ class TransformersEngine(TextEngine, Engine):
 
     @classmethod
     def arms(cls, kvs: list[str], paths: list[str]) -> list[tuple[str, str]]:
-        for kv in kvs:
-            parse_kv(kv)
-        bad = [p for p in paths if p not in PATHS]
-        if bad:
-            raise KVTaxError(f"transformers has no path {bad[0]!r}; use {', '.join(PATHS)}")
-        return [(kv, p) for kv in kvs for p in paths]
+        return cls.checked_product("transformers", kvs, paths, parse_kv, PATHS)
 
     @classmethod
     def default_kvs(cls) -> list[str]:
