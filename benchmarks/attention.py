@@ -38,8 +38,8 @@ import triton  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import arms  # noqa: E402
 from report import markdown_summary  # noqa: E402
-from timing import Timer  # noqa: E402
-from timing import git_commit as _git_commit  # noqa: E402
+from kvtax.harness.bench.gpu_timer import Timer  # noqa: E402
+from kvtax.harness.bench.gpu_timer import git_commit as _git_commit  # noqa: E402
 
 from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
 from kvtax.cache import FullCache  # noqa: E402

@@ -414,7 +414,7 @@ def _time_steps(step, tok, n: int, budget_s: float) -> list[float]:  # noqa: ANN
 def _kernel_read_ceiling() -> float:
     """Bytes/s: readceiling.py's best streaming read (CUDA graph, L2 flushed, median of 10)."""
     from readceiling import read_ceiling
-    from timing import Timer
+    from kvtax.harness.bench.gpu_timer import Timer
 
     tbps, _ = read_ceiling(Timer(reps=10, dry=False, flush="read"))
     torch.cuda.empty_cache()

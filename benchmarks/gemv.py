@@ -12,7 +12,7 @@ after), down (residual add after), lm_head (final RMSNorm before). Arms, side by
     kvtax@<tag>     --sweep: the fused gemv under other GemvConfigs (tag = config)
 
 Each call is captured in a CUDA graph and replayed; a 256 MiB write flushes L2 before
-each replay; median of --reps replays with p20/p80 (benchmarks/timing.py, as for
+each replay; median of --reps replays with p20/p80 (kvtax.harness.bench.gpu_timer, as for
 attention.py). Per cell: µs, TB/s of the bytes the fused layer must move (weights + x + output [+ residual, norm weight]) and the
 fraction of a streaming-read ceiling measured in the same run (readceiling.py), and the
 max abs error against gemv_reference (float32), checked before timing.
@@ -44,7 +44,7 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import Timer, git_commit as _git_commit  # noqa: E402
+from kvtax.harness.bench.gpu_timer import Timer, git_commit as _git_commit  # noqa: E402
 
 from kvtax.models.gemv import GemvConfig, default_config, gemv, gemv_reference  # noqa: E402
 

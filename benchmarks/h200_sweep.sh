@@ -68,9 +68,9 @@ BENCH_ARGS+=($EXTRA_ARGS)
 plan() {  # planned cells of a new sweep (args) or of a run folder (--run DIR)
   python3 - "$PER_CELL_S" "$BUDGET_S" "$@" <<'EOF'
 import argparse, math, sys
-from kvtax.harness.plan import SweepConfig, plan_cells
+from kvtax.harness.bench.plan import SweepConfig, plan_cells
 from kvtax.harness.store import RunStore
-from kvtax.harness.sweep import skip_reason
+from kvtax.harness.bench.sweep import skip_reason
 per, budget, rest = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
 done: set[str] = set()
 if rest[:1] == ["--run"]:

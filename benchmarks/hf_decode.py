@@ -31,7 +31,7 @@ also appended to `<out>/rows.jsonl` and fsynced the moment it finishes, so a run
 at its time limit keeps every finished row; `--table <out>/rows.jsonl` prints their table.
 
 quanto on CUDA: rather than JIT-building quanto's whole CUDA extension (Marlin/AWQ GEMMs,
-minutes of nvcc) at the first dequantize, `kvtax.harness.hf_quantized.prepare_quanto`
+minutes of nvcc) at the first dequantize, `kvtax.harness.bench.hf_quantized.prepare_quanto`
 builds the one kernel its KV cache calls (`unpack`) from quanto's source; the quanto row
 records how unpack ran (`quanto_unpack`).
 
@@ -63,7 +63,7 @@ import transformers
 from transformers import AutoModelForCausalLM, DynamicCache, LogitsProcessor, LogitsProcessorList
 
 import kvtax.hf as kh
-from kvtax.harness.hf_quantized import prepare_quanto, quantized_cache_bytes
+from kvtax.harness.bench.hf_quantized import prepare_quanto, quantized_cache_bytes
 from kvtax.hf.cache import cache_kwarg
 from kvtax.hf.models import llama31_8b_config, tiny_config
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from timing import git_commit as _git_commit  # benchmarks/ is the script's folder
+from kvtax.harness.bench.gpu_timer import git_commit as _git_commit
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -158,7 +158,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         p.error("needs a CUDA device (it times a GPU kernel)")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from timing import Timer
+    from kvtax.harness.bench.gpu_timer import Timer
     from readceiling import read_ceiling
 
     timer = Timer(args.reps, dry=False, flush="read")

@@ -56,7 +56,7 @@ if [[ ${PROFILE:-0} == 1 ]]; then
 fi
 if [[ $DEVICE == cuda* ]] && [[ ,$ARMS, == *,quanto-int4,* ]]; then
   # the quanto row waits for this build (a file lock) if it is not done when it starts
-  (python3 -c "from kvtax.harness.hf_quantized import prepare_quanto; print(prepare_quanto('cuda'))" \
+  (python3 -c "from kvtax.harness.bench.hf_quantized import prepare_quanto; print(prepare_quanto('cuda'))" \
     > "$OUT_DIR/quanto_build.log" 2>&1 &)
 fi
 t0=$SECONDS

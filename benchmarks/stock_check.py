@@ -46,10 +46,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode import (  # noqa: E402  (the same cache fill, timing and metadata as decode.py)
     _DTYPES, _device_name, _metadata, _quantile, _time_steps, fill_random, parse_contexts)
-from kvtax.harness.baselines import ATTENTION_PATHS, attention_sdpa_folded  # noqa: E402
-from kvtax.harness.cells import decode_sdpa_backend  # noqa: E402
-from kvtax.harness.hooks import use_attention, use_sdpa_backend  # noqa: E402
-from kvtax.harness.varlen import attention_sdpa_varlen  # noqa: E402
+from kvtax.attention.baselines import ATTENTION_PATHS, attention_sdpa_folded  # noqa: E402
+from kvtax.harness.bench.cells import decode_sdpa_backend  # noqa: E402
+from kvtax.harness.bench.hooks import use_attention, use_sdpa_backend  # noqa: E402
+from kvtax.attention.varlen import attention_sdpa_varlen  # noqa: E402
 from kvtax.models import Runner, get_config, load_model  # noqa: E402
 
 

@@ -123,8 +123,8 @@ def test_quality_arms_fit_head_dim(tmp_path) -> None:
     """`kvtax quality`'s default arms (int8, int4+hk, ...) at head_dim 96 run, named by the
     group they took; hybrid and per-layer arms keep their suffixes."""
     from kvtax.formats.hybrid import fit_kv_name
-    from kvtax.harness.quality import QualityConfig, run_quality
-    from kvtax.harness.recall_models import RecallModel, load_recall_model
+    from kvtax.harness.quality.probe import QualityConfig, run_quality
+    from kvtax.harness.recall.models import RecallModel, load_recall_model
     from kvtax.harness.store import read_rows
 
     assert fit_kv_name("int8+hk@s4r128/L0:int4", 96) == "int8-g32+hk@s4r128/L0:int4-g32"
@@ -141,8 +141,8 @@ def test_quality_arms_fit_head_dim(tmp_path) -> None:
 
 def test_recall_arms_fit_head_dim(tmp_path) -> None:
     """`kvtax recall` at head_dim 96: its default int8 arm runs and its rows say int8-g32."""
-    from kvtax.harness.recall import RecallConfig, run_recall
-    from kvtax.harness.recall_models import RecallModel, load_recall_model
+    from kvtax.harness.recall.probe import RecallConfig, run_recall
+    from kvtax.harness.recall.models import RecallModel, load_recall_model
     from kvtax.harness.store import read_rows
 
     tiny = load_recall_model("tiny", seed=3)

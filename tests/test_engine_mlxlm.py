@@ -23,8 +23,8 @@ from kvtax.harness.engines import EngineSpec, get_engine  # noqa: E402
 from kvtax.harness.engines.mlxlm import (  # noqa: E402
     MlxLmEngine, flat_rope, mlx_device, parse_kv,
 )
-from kvtax.harness.quality import QualityConfig  # noqa: E402
-from kvtax.harness.quality_engine import EngineQuality, run_engine_quality  # noqa: E402
+from kvtax.harness.quality.probe import QualityConfig  # noqa: E402
+from kvtax.harness.quality.engine import EngineQuality, run_engine_quality  # noqa: E402
 from kvtax.harness.store import read_rows  # noqa: E402
 from kvtax.models import get_config  # noqa: E402
 
@@ -201,8 +201,8 @@ def test_real_model_logits_match_the_transformers_engine():
 def test_recall_through_the_engine(tmp_path):
     """Recall asks through generate/tokenize: rows per arm, the baseline asked first
     (random weights recall nothing; the answers still come back as text)."""
-    from kvtax.harness.recall import RecallConfig, run_recall
-    from kvtax.harness.recall_engine import EngineRecallModel
+    from kvtax.harness.recall.probe import RecallConfig, run_recall
+    from kvtax.harness.recall.engine import EngineRecallModel
 
     cfg = RecallConfig(model="tiny", contexts=[400], kvs=["fp16", "q8"], facts=2, engine="mlx-lm",
                        max_new_tokens=6)
@@ -260,7 +260,7 @@ def test_bench_rows_carry_the_arm_its_bytes_growth_and_sdpa_path(sweep):
 
 
 def test_report_says_the_inversion_cannot_appear_on_mlx_cpu(sweep, tmp_path):
-    from kvtax.harness.report import write_report
+    from kvtax.harness.report.write import write_report
 
     copy = tmp_path / "run"
     copy.mkdir()

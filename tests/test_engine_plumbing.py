@@ -15,9 +15,9 @@ import pytest
 from tests.engine_env import BACKEND_VERSION, fake_engine_env
 from tests.kvtax_fake_engine import BPT, SCRATCH
 from kvtax.cli import main
-from kvtax.harness.analysis import summarize
+from kvtax.harness.analysis.analyze import summarize
 from kvtax.harness.engines import ENGINES
-from kvtax.harness.plan import SweepConfig, plan_cells
+from kvtax.harness.bench.plan import SweepConfig, plan_cells
 from kvtax.harness.schema import base_row, make_cell_id, validate_row
 from kvtax.harness.store import RunStore, read_rows
 

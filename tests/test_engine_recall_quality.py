@@ -13,11 +13,11 @@ from tests.engine_env import fake_engine_env
 from tests.kvtax_fake_engine import FakeEngine
 from kvtax.cli import main
 from kvtax.harness.engines import ENGINES, EngineSpec
-from kvtax.harness.quality import QualityConfig, run_quality, text_ids, text_of
-from kvtax.harness.quality_engine import EngineQuality, EngineText, run_engine_quality
-from kvtax.harness.quality_metrics import kl_divergence
-from kvtax.harness.recall import RecallConfig, run_recall
-from kvtax.harness.recall_engine import EngineRecallModel
+from kvtax.harness.quality.probe import QualityConfig, run_quality, text_ids, text_of
+from kvtax.harness.quality.engine import EngineQuality, EngineText, run_engine_quality
+from kvtax.harness.quality.metrics import kl_divergence
+from kvtax.harness.recall.probe import RecallConfig, run_recall
+from kvtax.harness.recall.engine import EngineRecallModel
 from kvtax.harness.store import read_rows
 
 

@@ -120,7 +120,7 @@ def test_quanto_requantizations_are_counted():
     assert (info["prefill_growth_events"], info["decode_growth_events"]) == (2, 0)
     assert info["residual_length"] == 128 and "quanto" in info["quanto_unpack"]
     # the bench's int4/hf-quantized arm counts the same bytes: this arm can replace it
-    from kvtax.harness.hf_quantized import quantized_cache_bytes
+    from kvtax.harness.bench.hf_quantized import quantized_cache_bytes
 
     assert eng.cache_bytes() == quantized_cache_bytes(eng.cache)
 
@@ -154,8 +154,8 @@ def test_generate_and_text():
 def test_recall_through_the_engine(tmp_path):
     """Recall asks through generate/tokenize: rows per arm, the baseline asked first
     (random weights recall nothing; the answers still come back as text)."""
-    from kvtax.harness.recall import RecallConfig, run_recall
-    from kvtax.harness.recall_engine import EngineRecallModel
+    from kvtax.harness.recall.probe import RecallConfig, run_recall
+    from kvtax.harness.recall.engine import EngineRecallModel
 
     cfg = RecallConfig(model="tiny", contexts=[400], kvs=["dynamic", "kvtax-int8"], facts=2,
                        engine="transformers", max_new_tokens=6)

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from kvtax.cache import FullCache, SlidingCache
-from kvtax.harness.baselines import ATTENTION_PATHS, attention_sdpa_folded, sdpa_backend
-from kvtax.harness.hooks import use_attention, use_sdpa_backend
-from kvtax.harness.masks import capacity_mask
+from kvtax.attention.baselines import ATTENTION_PATHS, attention_sdpa_folded, sdpa_backend
+from kvtax.harness.bench.hooks import use_attention, use_sdpa_backend
+from kvtax.attention.masks import capacity_mask
 from kvtax.models import Runner, load_model
 from kvtax.models.runner import _clear_unwritten, _graph_blocker, decode_step_fn
 from tests.helpers import assert_close, rand_kv
@@ -211,7 +211,7 @@ _GPU_CASES = [
 
 
 def _gpu_fn(path: str):
-    from kvtax.harness.varlen import attention_sdpa_varlen
+    from kvtax.attention.varlen import attention_sdpa_varlen
 
     return attention_sdpa_varlen if path == "fp16-varlen" else FNS[path]
 
@@ -247,7 +247,7 @@ def test_cuda_graph_decode_with_a_baseline_equals_eager(name, path, backend, com
 
 
 def test_varlen_arm_is_sdpa_eagerly_and_says_why_it_cannot_be_captured_on_cpu():
-    from kvtax.harness.varlen import attention_sdpa_varlen, varlen_blocker
+    from kvtax.attention.varlen import attention_sdpa_varlen, varlen_blocker
 
     cache = FullCache("fp16", capacity=80)
     cache.append(torch.randn(1, 2, 50, 64), torch.randn(1, 2, 50, 64))

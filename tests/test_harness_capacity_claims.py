@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtax.harness import capacity as cap
-from kvtax.harness.claims import evaluate
+from kvtax.harness.analysis import capacity as cap
+from kvtax.harness.analysis.claims import evaluate
 from kvtax.models import get_config
 
 
@@ -121,7 +121,7 @@ def test_failed_peak_claim_names_the_context():
 
 def test_model_bytes_per_token_matches_capacity_layout():
     from kvtax.formats import KVSpec
-    from kvtax.harness.cells import model_bytes_per_token
+    from kvtax.harness.bench.cells import model_bytes_per_token
 
     cfg = get_config("llama-3.1-8b")
     spec = KVSpec.parse("int8")

@@ -9,10 +9,10 @@ import torch
 
 from kvtax.attention import attention_naive
 from kvtax.cache import FullCache, SlidingCache
-from kvtax.harness.baselines import ATTENTION_PATHS
-from kvtax.harness.plan import SweepConfig, plan_cells
+from kvtax.attention.baselines import ATTENTION_PATHS
+from kvtax.harness.bench.plan import SweepConfig, plan_cells
 from kvtax.harness.schema import validate_row
-from kvtax.harness.worker import measure
+from kvtax.harness.bench.worker import measure
 from tests.helpers import assert_close, rand_kv
 
 
@@ -88,7 +88,7 @@ def test_quantized_kv_start_converts_mid_prompt():
 
 def test_path_swap_reaches_the_decoder(monkeypatch):
     """The unfused cell really calls the unfused function (not kvtax attention)."""
-    import kvtax.harness.baselines as bl
+    import kvtax.attention.baselines as bl
 
     calls = []
     orig = bl.attention_unfused

@@ -11,11 +11,11 @@ import json
 import pytest
 import torch
 
-from kvtax.harness.hf_quantized import hf_config, hf_quantized_unavailable
-from kvtax.harness.plan import SweepConfig, plan_cells
+from kvtax.harness.bench.hf_quantized import hf_config, hf_quantized_unavailable
+from kvtax.harness.bench.plan import SweepConfig, plan_cells
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import read_rows
-from kvtax.harness.sweep import run_sweep
+from kvtax.harness.bench.sweep import run_sweep
 from kvtax.models import CONFIG_NAMES, ModelConfig, Runner, get_config, load_model
 from tests.helpers import assert_close
 from tests.models_env import one_thread  # noqa: F401  (autouse)
@@ -55,7 +55,7 @@ def test_hf_model_from_builtin_config_computes_kvtax_decoder(name, tmp_path):
 
 
 def test_unavailable_reasons_name_the_cause():
-    from kvtax.harness.sweep import hf_quantized_unavailable as sweep_reason
+    from kvtax.harness.bench.sweep import hf_quantized_unavailable as sweep_reason
 
     assert "whole-model" in sweep_reason("int4", "tiny", level="attention")
     if not HAS_QUANTO:
@@ -71,7 +71,7 @@ def test_unavailable_reasons_name_the_cause():
 
 @needs_quanto
 def test_hf_quantized_cell_measures_phases_on_cpu():
-    from kvtax.harness.worker import measure
+    from kvtax.harness.bench.worker import measure
 
     cfg = SweepConfig(model="tiny", contexts=[300], kvs=["int4"], paths=["hf-quantized"],
                       reps=1, warmup=0, decode_tokens=5, chunk_size=128)
@@ -173,7 +173,7 @@ def test_hf_decode_budget_row_and_jsonl(tmp_path, capsys):
 @pytest.mark.parametrize("bits", [2, 4])
 def test_torch_unpack_fallback_matches_quanto_layout(bits):
     """The no-nvcc fallback unpacks like quanto: value i of byte j lands at row i*n + j."""
-    from kvtax.harness.hf_quantized import _torch_unpack
+    from kvtax.harness.bench.hf_quantized import _torch_unpack
 
     packed = torch.randint(0, 256, (37, 5), dtype=torch.uint8)
     got = _torch_unpack(packed, bits)

@@ -9,8 +9,8 @@ import pytest
 
 import torch
 
-from kvtax.harness import memory
-from kvtax.harness.plan import SweepConfig, plan_cells, resolve_kv
+from kvtax.harness.bench import memory
+from kvtax.harness.bench.plan import SweepConfig, plan_cells, resolve_kv
 from kvtax.harness.schema import SchemaError, base_row, make_cell_id, validate_row
 from kvtax.harness.store import RunFolderError, RunStore, read_rows
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from kvtax.harness import stats
-from kvtax.harness.analysis import summarize
+from kvtax.harness.analysis import stats
+from kvtax.harness.analysis.analyze import summarize
 
 CONTEXTS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtax.harness.executor import ForkserverExecutor, SubprocessExecutor
-from kvtax.harness.plan import SweepConfig, plan_cells
+from kvtax.harness.bench.executor import ForkserverExecutor, SubprocessExecutor
+from kvtax.harness.bench.plan import SweepConfig, plan_cells
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import read_rows
 
@@ -222,7 +222,7 @@ def test_kvtax_bench_end_to_end_writes_a_complete_run_folder(tmp_path):
     assert res.stdout.count("claim:") == 3
     assert "[" in res.stdout and "ETA" in res.stdout
     try:
-        import kvtax.harness.report  # noqa: F401
+        import kvtax.harness.report.write  # noqa: F401
     except ImportError:
         return
     assert (run / "report.md").exists() and "report:" in res.stdout

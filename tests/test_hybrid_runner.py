@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from kvtax.cache.hybrid import HybridCache
-from kvtax.harness.hybrid_runner import (
+from kvtax.harness.recall.hybrid_runner import (
     PROG,
     HybridRecallModel,
     HybridRunner,
     hybrid_attention_installed,
     main,
 )
-from kvtax.harness.quality import build_caches
-from kvtax.harness.recall_models import load_recall_model
+from kvtax.harness.quality.probe import build_caches
+from kvtax.harness.recall.models import load_recall_model
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import RunStore, read_rows
 from kvtax.models import Runner

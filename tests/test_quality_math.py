@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kvtax.cli import main as cli_main
-from kvtax.harness.quality import (
+from kvtax.harness.quality.probe import (
     QualityConfig,
     QualityInputError,
     build_caches,
@@ -22,7 +22,7 @@ from kvtax.harness.quality import (
     score_pass,
     text_ids,
 )
-from kvtax.harness.quality_metrics import (
+from kvtax.harness.quality.metrics import (
     LayerErrorProbe,
     TailStats,
     kl_divergence,
@@ -30,8 +30,8 @@ from kvtax.harness.quality_metrics import (
     nll,
     top1_agree,
 )
-from kvtax.harness.quality_report import quality_text_table, section_quality
-from kvtax.harness.recall_models import ByteTextTokenizer, load_recall_model
+from kvtax.harness.quality.tables import quality_text_table, section_quality
+from kvtax.harness.recall.models import ByteTextTokenizer, load_recall_model
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import read_rows
 from tests.models_env import one_thread  # noqa: F401 - autouse fixture

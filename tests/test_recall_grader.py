@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtax.harness.recall_facts import candidates, grade, make_facts, normalise, value_kind
+from kvtax.harness.recall.facts import candidates, grade, make_facts, normalise, value_kind
 
 CASES = [
     # (answer, expected, correct, why)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from kvtax.cli import main as cli_main
-from kvtax.harness.recall import RecallConfig, answer_text, ordered_arms, run_recall
-from kvtax.harness.recall_models import (
+from kvtax.harness.recall.probe import RecallConfig, answer_text, ordered_arms, run_recall
+from kvtax.harness.recall.models import (
     ByteTextTokenizer,
     RecallModel,
     load_recall_model,
@@ -121,8 +121,8 @@ def test_shared_prefix_trim_equals_fresh_prefill(tiny):
     """Between questions the caches are trimmed back to the shared document; the next
     question's logits must equal those of a fresh prefill of its whole prompt (and differ
     from caches left untrimmed, so the check can fail)."""
-    from kvtax.harness.recall_facts import make_facts
-    from kvtax.harness.recall_transcript import (
+    from kvtax.harness.recall.facts import make_facts
+    from kvtax.harness.recall.transcript import (
         FillerStream,
         build_prompts,
         default_filler_paragraphs,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvtax.harness.recall_facts import make_facts
-from kvtax.harness.recall_transcript import (
+from kvtax.harness.recall.facts import make_facts
+from kvtax.harness.recall.transcript import (
     FillerStream,
     build_prompt,
     build_prompts,

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from kvtax.cli import main as cli_main
-from kvtax.harness.report import write_report
+from kvtax.harness.report.write import write_report
 from kvtax.harness.schema import base_row, make_cell_id, validate_row
 from kvtax.harness.store import RunStore
 
@@ -199,7 +199,7 @@ def test_cli_report_and_bad_folder(tmp_path, run_a, capsys):
 
 def test_report_without_matplotlib(tmp_path, monkeypatch):
     """No matplotlib: the markdown is still written, and says why there are no figures."""
-    from kvtax.harness import report_plots
+    from kvtax.harness.report import plots as report_plots
 
     monkeypatch.setattr(report_plots, "plotting_unavailable", lambda: "matplotlib is not "
                         "installed (pip install 'kvtax[report]'); figures skipped")

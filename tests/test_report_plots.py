@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvtax.harness import report_plots as plots
-from kvtax.harness.analysis import summarize
-from kvtax.harness.verdict import verdict
+from kvtax.harness.report import plots
+from kvtax.harness.analysis.analyze import summarize
+from kvtax.harness.analysis.verdict import verdict
 from tests.test_verdict import GPU, GPU_CTX, H200, WEIGHTS, planted_rows
 
 pytest.importorskip("matplotlib")

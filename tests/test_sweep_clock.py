@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from kvtax.harness import sweep
-from kvtax.harness.plan import Cell, SweepConfig
+from kvtax.harness.bench import sweep
+from kvtax.harness.bench.plan import Cell, SweepConfig
 from kvtax.harness.store import read_rows
-from kvtax.harness.sweep import CellClock, run_sweep
+from kvtax.harness.bench.sweep import CellClock, run_sweep
 
 
 def _cell(arm: str, ctx: int, warmup: bool = False) -> Cell:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from kvtax.cli import main as cli_main
-from kvtax.harness import stats
-from kvtax.harness.analysis import summarize
-from kvtax.harness.report import write_report
-from kvtax.harness.report_verdict import section_verdict, sentences
+from kvtax.harness.analysis import stats
+from kvtax.harness.analysis.analyze import summarize
+from kvtax.harness.report.write import write_report
+from kvtax.harness.report.verdict import section_verdict, sentences
 from kvtax.harness.schema import PATHS, base_row, make_cell_id, validate_row
 from kvtax.harness.store import RunStore
-from kvtax.harness.verdict import advice_grid, finish_s, verdict
+from kvtax.harness.analysis.verdict import advice_grid, finish_s, verdict
 
 GPU_CTX = [4096, 16384, 32768, 65536, 131072]
 # arm: (t0 ms, ms per context token, TTFT s per context token, bytes per token)

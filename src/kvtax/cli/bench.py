@@ -215,7 +215,7 @@ def engine_arms(args: argparse.Namespace) -> tuple[list[str], list[str], dict[st
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from kvtax.harness.plan import SweepConfig
+    from kvtax.harness.bench.plan import SweepConfig
 
     cuda = args.device.startswith("cuda")
     contexts = args.contexts or parse_contexts("4k,16k,32k,64k,128k" if cuda
@@ -248,9 +248,9 @@ def run(args: argparse.Namespace) -> int:
     report; the exit status says whether the run's cells were measured (kvtax.cli.outcome)."""
     from kvtax.cli.outcome import report_outcome
     from kvtax.cli.validate import check_contexts, check_formats, check_model
-    from kvtax.harness.plan import SweepConfig
+    from kvtax.harness.bench.plan import SweepConfig
     from kvtax.harness.store import RunStore
-    from kvtax.harness.sweep import RESUME_KEYS, check_engine, run_sweep
+    from kvtax.harness.bench.sweep import RESUME_KEYS, check_engine, run_sweep
 
     overrides: dict[str, Any] = {}
     if args.mem_limit:
@@ -317,15 +317,15 @@ def _names_a_model(name: str) -> bool:
 def finish(store: Any, cfg: Any, report: bool = True) -> Path | None:
     """Print the headline numbers; write the report (which writes analysis.json) or, without
     one, analysis.json alone. Returns the report's path, if one was written."""
-    from kvtax.harness.analysis import summarize
-    from kvtax.harness.summary import print_summary
+    from kvtax.harness.analysis.analyze import summarize
+    from kvtax.harness.analysis.summary import print_summary
 
     summary = summarize(store.rows(), cv_threshold=cfg.cv_threshold, claims=cfg.claims)
     print_summary(summary)
     out = None
     if report:
         try:
-            from kvtax.harness.report import write_report
+            from kvtax.harness.report.write import write_report
         except ImportError:
             print("(kvtax report is not installed here; rows and analysis.json are complete)")
         else:

@@ -56,9 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvtax.cli.validate import check_formats, check_model
-    from kvtax.harness import capacity as cap
-    from kvtax.harness.cells import torch_dtype
-    from kvtax.harness.plan import resolve_kv
+    from kvtax.harness.analysis import capacity as cap
+    from kvtax.harness.bench.cells import torch_dtype
+    from kvtax.harness.bench.plan import resolve_kv
 
     if not args.reserve and not args.device_memory and not args.device:
         raise OptionError("give --reserve and/or --device-memory (or --device cuda)")
@@ -129,7 +129,7 @@ def _device_bytes(args: argparse.Namespace) -> int | None:
 
 
 def _from_run(run_dir: str, reserve: int | None) -> int:
-    from kvtax.harness import capacity as cap
+    from kvtax.harness.analysis import capacity as cap
     from kvtax.harness.store import read_rows
 
     from pathlib import Path

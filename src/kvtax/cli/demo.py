@@ -52,7 +52,7 @@ def _heads(text: str) -> tuple[int, int]:
 
 def run(args: argparse.Namespace) -> int:
     from kvtax.cli.validate import check_formats, set_threads
-    from kvtax.harness.plan import resolve_kv
+    from kvtax.harness.bench.plan import resolve_kv
 
     hq, hkv = _heads(args.heads)
     names = [n.strip() for n in args.formats.split(",") if n.strip()]

@@ -114,7 +114,7 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
 def _check(args: argparse.Namespace) -> list[int]:
     """Contexts, formats and model, refused before a model loads; [] on --resume."""
     from kvtax.cli.validate import check_contexts, check_formats, check_model, parse_contexts
-    from kvtax.harness.quality import RESUME_KEYS
+    from kvtax.harness.quality.probe import RESUME_KEYS
     from kvtax.harness.store import RunStore
 
     if args.resume:
@@ -142,7 +142,7 @@ def _check(args: argparse.Namespace) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Validate, score every context x format; exit status per kvtax.cli.outcome."""
     from kvtax.cli.validate import set_threads
-    from kvtax.harness.quality import QualityConfig, run_quality
+    from kvtax.harness.quality.probe import QualityConfig, run_quality
 
     contexts = _check(args)
     set_threads(args.threads)
@@ -162,14 +162,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _finish(args: argparse.Namespace, run_dir: Any) -> int:
     from kvtax.cli.outcome import report_outcome
-    from kvtax.harness.quality_report import quality_text_table
+    from kvtax.harness.quality.tables import quality_text_table
     from kvtax.harness.store import read_rows
 
     rows = read_rows(run_dir)
     print()
     print(quality_text_table(rows))
     if not args.no_report:
-        from kvtax.harness.report import write_report
+        from kvtax.harness.report.write import write_report
 
         print(f"report: {write_report(run_dir)}")
     print(f"run folder: {run_dir}")
@@ -184,11 +184,11 @@ def _stored_engine(run_dir: str) -> str:
 
 
 def _run_engine(args: argparse.Namespace, engine: str, contexts: list[int]) -> int:
-    """Another engine's arms against its own unquantized arm (harness.quality_engine)."""
+    """Another engine's arms against its own unquantized arm (harness.quality.engine)."""
     from dataclasses import replace
 
-    from kvtax.harness.quality import QualityInputError, check_config
-    from kvtax.harness.quality_engine import run_engine_quality
+    from kvtax.harness.quality.probe import QualityInputError, check_config
+    from kvtax.harness.quality.engine import run_engine_quality
 
     try:
         cfg, eq = _engine_config(args, engine, contexts)
@@ -203,8 +203,8 @@ def _run_engine(args: argparse.Namespace, engine: str, contexts: list[int]) -> i
 def _engine_config(args: argparse.Namespace, engine: str, contexts: list[int]) -> Any:
     """(QualityConfig, EngineQuality) from the command line, or from the run folder."""
     from kvtax.harness.engines import require_engine
-    from kvtax.harness.quality import QualityConfig
-    from kvtax.harness.quality_engine import EngineQuality
+    from kvtax.harness.quality.probe import QualityConfig
+    from kvtax.harness.quality.engine import EngineQuality
     from kvtax.harness.store import RunStore
 
     if args.resume:

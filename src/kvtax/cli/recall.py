@@ -97,7 +97,7 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
     return shlex.join(words)
 
 
-KVTAX_ENGINES = ("auto", "kvtax", "hf")  # recall_models' own loaders
+KVTAX_ENGINES = ("auto", "kvtax", "hf")  # recall.models' own loaders
 
 
 def _engine_arms(engine: str, kv_text: str | None) -> list[str]:
@@ -116,7 +116,7 @@ def _engine_arms(engine: str, kv_text: str | None) -> list[str]:
 def _check(args: argparse.Namespace) -> None:
     """Everything that can be refused before a model loads or a run folder is made."""
     from kvtax.cli.validate import check_contexts, check_formats, check_model, parse_contexts
-    from kvtax.harness.recall import RESUME_KEYS
+    from kvtax.harness.recall.probe import RESUME_KEYS
     from kvtax.harness.store import RunStore
 
     if args.resume:
@@ -145,8 +145,8 @@ def run(args: argparse.Namespace) -> int:
     """Validate, ask every question, print the grid; exit status per kvtax.cli.outcome."""
     from kvtax.cli.outcome import report_outcome
     from kvtax.cli.validate import set_threads
-    from kvtax.harness.recall import RecallConfig, run_recall
-    from kvtax.harness.report_data import recall_tables
+    from kvtax.harness.recall.probe import RecallConfig, run_recall
+    from kvtax.harness.report.data import recall_tables
     from kvtax.harness.store import read_rows
 
     _check(args)
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     args.kv = args.kv or "fp16,int8,int4"  # --resume: the run folder's own arms apply
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
     if not args.resume and args.engine in KVTAX_ENGINES:
-        from kvtax.harness.hybrid_runner import needs_hybrid, run_hybrid_recall
+        from kvtax.harness.recall.hybrid_runner import needs_hybrid, run_hybrid_recall
 
         if any(needs_hybrid(kv) for kv in kvs):  # fp16 sinks/recent, per-layer formats
             if args.engine == "hf":
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         cells = [f"{per[c][0]}/{per[c][1]}" if c in per else "-" for c in ctxs]
         print(f"{arm:<22}" + "".join(f"{x:>10}" for x in cells))
     if not args.no_report:
-        from kvtax.harness.report import write_report
+        from kvtax.harness.report.write import write_report
 
         print(f"report: {write_report(run_dir)}")
     print(f"run folder: {run_dir}")

@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvtax.cli.outcome import ALL_FAILED, OK, report_outcome
-    from kvtax.harness.report import write_report
+    from kvtax.harness.report.write import write_report
     from kvtax.harness.store import read_rows
 
     for d in filter(None, (args.run_dir, args.compare, *args.quality, *args.recall)):

@@ -54,12 +54,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from kvtax.cli.validate import check_contexts, check_formats, check_model, set_threads
-    from kvtax.harness import roofline as rf
-    from kvtax.harness.cells import torch_dtype
-    from kvtax.harness.plan import model_shape, resolve_kv
+    from kvtax.harness.analysis import roofline as rf
+    from kvtax.harness.bench.cells import torch_dtype
+    from kvtax.harness.bench.plan import model_shape, resolve_kv
     from kvtax.harness.schema import PATHS, make_cell_id, utc_now
     from kvtax.harness.store import RunStore, environment
-    from kvtax.harness.worker import is_oom
+    from kvtax.harness.bench.worker import is_oom
 
     dev_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -52,7 +52,7 @@ def at_least(low: int) -> Any:
 
 def size(text: str) -> int:
     """An argparse type: a size with a unit ("13.37GiB", "16GB", "512MiB", "4096B") → bytes."""
-    from kvtax.harness.capacity import parse_size
+    from kvtax.harness.analysis.capacity import parse_size
 
     try:
         return parse_size(text)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtax.errors import KVTaxError
-from kvtax.harness import devinfo
+from kvtax.harness.bench import devinfo
 
 CONFIG = "config.json"
 ENV = "env.json"

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from kvtax.harness import memory
+from kvtax.harness.bench import memory
 
 
 class RssCounter:

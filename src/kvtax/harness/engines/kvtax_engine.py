@@ -2,7 +2,7 @@
 
 What `kvtax recall --engine kvtax` and `kvtax quality --engine kvtax` can drive through
 the engine interface (and what the generic recall / quality paths are cross-checked
-with); `kvtax bench` keeps its own richer cells for kvtax (harness.cells: attention
+with); `kvtax bench` keeps its own richer cells for kvtax (harness.bench.cells: attention
 level, CUDA graphs, mlx-lm's quantized_kv_start, cache growth events), which measure
 the same runner.
 
@@ -76,9 +76,9 @@ class KVTaxEngine(Engine):
         return f"kvtax {__version__}"
 
     def load(self) -> None:
-        from kvtax.harness.baselines import attention_for
-        from kvtax.harness.hooks import use_attention
-        from kvtax.harness.recall_models import load_recall_model
+        from kvtax.attention.baselines import attention_for
+        from kvtax.harness.bench.hooks import use_attention
+        from kvtax.harness.recall.models import load_recall_model
         from kvtax.models import Runner
 
         s = self.spec
@@ -135,7 +135,7 @@ class KVTaxEngine(Engine):
 
     def bytes_per_token(self) -> int | None:
         from kvtax.formats import KVSpec
-        from kvtax.harness.cells import model_bytes_per_token
+        from kvtax.harness.bench.cells import model_bytes_per_token
 
         return model_bytes_per_token(self.net.config, KVSpec.parse(self.runner.spec.name),
                                      self.net.embed.weight.dtype)

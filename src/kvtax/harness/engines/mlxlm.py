@@ -134,7 +134,7 @@ def builtin_model(name: str, dtype: str, seed: int) -> tuple[Any, Any, set[int]]
     import mlx.core as mx
     from mlx_lm.utils import _get_classes
 
-    from kvtax.harness.hf_quantized import hf_config
+    from kvtax.harness.bench.hf_quantized import hf_config
     from kvtax.models import get_config
 
     cfg = get_config(name)
@@ -240,7 +240,7 @@ class MlxLmEngine(TextEngine, Engine):
 
         path, how = Path(src).expanduser(), f"{src} (mlx_lm.load)"
         if path.suffix == ".gguf":
-            from kvtax.harness.recall_models import gguf_folder
+            from kvtax.harness.recall.models import gguf_folder
 
             src, how = str(gguf_folder(path)), f"{path.name} (GGUF → safetensors, mlx_lm.load)"
         model, wrapper = load(src, model_config=flat_rope(src))

@@ -19,8 +19,8 @@ from kvtax.harness.engines.base import EngineUnavailable
 def text_tokenizer(hf_tokenizer: Any = None, bos: int | None = None,
                    eos: int | None = None) -> Any:
     """recall's TextTokenizer over a HF tokenizer, else the byte tokenizer (BOS `bos`)."""
-    from kvtax.harness.recall_models import ByteTextTokenizer
-    from kvtax.harness.recall_transcript import HFTextTokenizer
+    from kvtax.harness.recall.models import ByteTextTokenizer
+    from kvtax.harness.recall.transcript import HFTextTokenizer
 
     if hf_tokenizer is not None:
         return HFTextTokenizer(hf_tokenizer)

@@ -18,13 +18,13 @@ Arms (kv × path):
 The engine drives `model(...)` the way `generate` does, so its phases are the harness's:
 prefill in `chunk_size` chunks (TTFT: the last chunk's logits give the first token),
 then greedy one-token steps, EOS ignored, each timed after a device synchronize. Its
-`quanto-int4` arm is the bench's `int4/hf-quantized` arm (harness/hf_quantized.py) with
+`quanto-int4` arm is the bench's `int4/hf-quantized` arm (harness/bench/hf_quantized.py) with
 the same cache settings, so that arm can move here.
 
 Models: a kvtax built-in config name (a stock transformers model of the same shapes with
 random weights, `hf_quantized.build_hf_model`; kvtax's byte tokenizer), a HF folder or
 hub id, or a `.gguf` file (transformers' `gguf_file` loading, weights dequantized).
-Memory: CUDA allocated bytes on CUDA, process RSS on CPU (harness/memory.py).
+Memory: CUDA allocated bytes on CUDA, process RSS on CPU (harness/bench/memory.py).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def arm_unavailable(arm: KvArm, path: str, model: str) -> str | None:
         return (f"transformers compiles a decode step only over a compileable (static-shape) "
                 f"cache; {arm.kind} is not (compiled runs with static or kvtax-*)")
     if arm.kind == "quanto":
-        from kvtax.harness.hf_quantized import hf_quantized_unavailable
+        from kvtax.harness.bench.hf_quantized import hf_quantized_unavailable
 
         return hf_quantized_unavailable(f"int{arm.bits}-g{arm.group}", model)
     if arm.kind == "hqq" and importlib.util.find_spec("hqq") is None:
@@ -101,7 +101,7 @@ def load_hf(source: str, dtype: torch.dtype, device: torch.device,
     a HF folder / hub id, or a `.gguf` file."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kvtax.harness.hf_quantized import build_hf_model
+    from kvtax.harness.bench.hf_quantized import build_hf_model
     from kvtax.models import get_config
 
     try:
@@ -200,7 +200,7 @@ class TransformersEngine(TextEngine, Engine):
     # ---- setup
 
     def load(self) -> None:
-        from kvtax.harness.cells import torch_dtype
+        from kvtax.harness.bench.cells import torch_dtype
 
         why = arm_unavailable(self.arm, self.spec.path, self.spec.model)
         if why:
@@ -210,7 +210,7 @@ class TransformersEngine(TextEngine, Engine):
         self.device = torch.device(self.spec.device)
         self.dtype = torch_dtype(self.spec.dtype)
         if self.arm.kind == "quanto":
-            from kvtax.harness.hf_quantized import prepare_quanto
+            from kvtax.harness.bench.hf_quantized import prepare_quanto
 
             self.facts["quanto_unpack"] = prepare_quanto(self.device)  # builds: not timed
         self.model, self.text, self.eos, source = load_hf(
@@ -276,7 +276,7 @@ class TransformersEngine(TextEngine, Engine):
 
             return kh.KVTaxCache(cfg, kv=self.arm.fmt, max_cache_len=self._capacity(tokens)
                                  if self.spec.path == "compiled" else None)
-        from kvtax.harness.hf_quantized import RESIDUAL_LENGTH
+        from kvtax.harness.bench.hf_quantized import RESIDUAL_LENGTH
 
         if kind == "fp8":
             cache = QuantizedCache(backend="fp8", config=cfg)
@@ -402,7 +402,7 @@ class TransformersEngine(TextEngine, Engine):
                    attn_implementation=getattr(self.model.config, "_attn_implementation", None)
                    if self.model is not None else None)
         if self.arm.kind in ("quanto", "hqq"):
-            from kvtax.harness.hf_quantized import RESIDUAL_LENGTH
+            from kvtax.harness.bench.hf_quantized import RESIDUAL_LENGTH
 
             out.update(nbits=self.arm.bits, q_group_size=self.arm.group,
                        residual_length=RESIDUAL_LENGTH)

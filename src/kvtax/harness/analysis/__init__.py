@@ -1,0 +1,1 @@
+"""What a run's rows say: robust statistics, fits, claims, the verdict, capacity, roofline."""

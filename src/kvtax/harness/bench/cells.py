@@ -1,0 +1,367 @@
+"""What one cell measures, inside its worker process.
+
+Two levels share one timeline — setup, prefill, decode — each phase with its own peak:
+
+- model level: a whole decoder through `kvtax.models.Runner` (chunked prefill, then
+  `decode_tokens` greedy steps with EOS ignored), the same runner for every path: on CUDA
+  with a presized cache each path's decode step is captured in a CUDA graph (the row's
+  `cuda_graph` says whether it was, `graph_off_reason` why not);
+- attention level: one layer's cache and the attention op alone over it (chunked append
+  + attention for prefill, append-one + attention per decode step).
+
+Returned fields are the bench-row keys of `kvtax.harness.schema` (plus a few extras such
+as `memory_kind`, `prefill_growth`, `decode_growth_events`, and `sdpa_backend`: the torch
+SDPA backend the fp16 / dequant baselines' decode dispatched to).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kvtax.cache import BaseCache, FullCache, make_caches
+from kvtax.formats import KVSpec
+from kvtax.harness.bench import devinfo
+from kvtax.attention.baselines import attention_for, sdpa_backend
+from kvtax.harness.bench.hooks import use_sdpa_backend
+from kvtax.harness.bench.memory import PhaseMeter
+
+PhaseHook = Callable[[str], None]
+# An untimed prompt this long (and one decode step) runs before the measured phases, so
+# one-off costs (kernel compilation, library initialisation) land outside every window.
+WARMUP_TOKENS = 256
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[str(name).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; use float32, float16 or bfloat16") from None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _growths(caches: list[BaseCache]) -> int:
+    return sum(c.growth_events for c in caches)
+
+
+class Timeline:
+    """Phase bookkeeping shared by both levels: hook, peak meter, clocks, timings."""
+
+    def __init__(self, device: torch.device, hook: PhaseHook | None, cell: dict[str, Any],
+                 out: dict[str, Any] | None = None, meter: Any = None):
+        self.device, self.hook, self.cell = device, hook or (lambda _p: None), cell
+        # `meter`: anything with PhaseMeter's kind/start/stop/peaks/baselines (an engine's).
+        self.meter = meter if meter is not None else PhaseMeter(device)
+        # Filled as phases finish, so a later phase's failure keeps the earlier numbers.
+        self.out: dict[str, Any] = {} if out is None else out
+        self.out["memory_kind"] = self.meter.kind
+        self.current = "setup"
+
+    def enter(self, phase: str) -> None:
+        """Announce a phase (the parent records it for crash rows) and apply forced faults."""
+        self.current = phase
+        self.hook(phase)
+        force = self.cell.get("force_oom")
+        if force == phase:
+            raise torch.OutOfMemoryError(
+                f"forced out-of-memory in phase {phase!r} (KVTAX_FORCE_OOM / --force-oom)"
+            )
+
+    def start(self, phase: str) -> None:
+        self.enter(phase)
+        _sync(self.device)
+        self.out.setdefault("clocks_start", devinfo.clocks(self.device))
+        self.meter.start(phase)
+
+    def stop(self, phase: str) -> None:
+        _sync(self.device)
+        self.meter.stop(phase)
+        self.out[f"{phase}_peak_bytes"] = self.meter.peaks.get(phase)
+        self.out[f"{phase}_base_bytes"] = self.meter.baselines.get(phase)
+        self.out["clocks_end"] = devinfo.clocks(self.device)
+
+
+def _decode_loop(
+    step: Callable[[], None], n: int, device: torch.device
+) -> list[float]:
+    """Per-token wall times in ms, synchronizing after every step."""
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples
+
+
+def _finish_decode(out: dict[str, Any], samples: list[float]) -> None:
+    out["decode_ms_samples"] = [round(s, 4) for s in samples]
+    # Mean, not median: a resize spike inside the window is part of what a user pays.
+    out["decode_ms_per_token"] = sum(samples) / len(samples) if samples else None
+    out["decode_ms_median"] = sorted(samples)[len(samples) // 2] if samples else None
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def layer_shape(cell: dict[str, Any]) -> tuple[int, int, int]:
+    """(query heads, KV heads, head_dim): the model config's when the model is built in."""
+    try:
+        from kvtax.models import get_config
+
+        cfg = get_config(cell["model"])
+        assert cfg.head_dim is not None
+        return cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    except (ImportError, KeyError):
+        return int(cell["heads"]), int(cell["kv_heads"]), int(cell["head_dim"])
+
+
+def attention_cell(
+    cell: dict[str, Any], hook: PhaseHook | None = None, out: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One layer: prefill `context` tokens in chunks, then `decode_tokens` single steps."""
+    device = torch.device(cell["device"])
+    dtype = torch_dtype(cell["dtype"])
+    tl = Timeline(device, hook, cell, out)
+    tl.enter("setup")
+    hq, hkv, d = layer_shape(cell)
+    b, ctx, n_dec = int(cell["batch"]), int(cell["context"]), int(cell["decode_tokens"])
+    chunk = max(1, min(int(cell["chunk_size"]), ctx))
+    spec = KVSpec.parse(cell["kv"])
+    fn = attention_for(cell["path"])
+    gen = torch.Generator(device=device).manual_seed(int(cell["seed"]))
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+
+    # One chunk of K/V/Q reused for every chunk: values do not change the cost, and the
+    # prompt's K/V never need to exist all at once (they would inflate the prefill peak).
+    k_c, v_c, q_c = rand(b, hkv, chunk, d), rand(b, hkv, chunk, d), rand(b, hq, chunk, d)
+    k_1, v_1, q_1 = rand(b, hkv, 1, d), rand(b, hkv, 1, d), rand(b, hq, 1, d)
+    capacity = ctx + n_dec + 1 if cell.get("presize") else None
+
+    def prefill(cache: FullCache, n: int) -> None:
+        done = 0
+        while done < n:
+            t = min(chunk, n - done)
+            cache.append(k_c[:, :, :t], v_c[:, :, :t])
+            fn(q_c[:, :, :t], cache.view())
+            done += t
+
+    def step(cache: FullCache) -> None:
+        cache.append(k_1, v_1)
+        fn(q_1, cache.view())
+
+    if cell.get("extra", {}).get("inner_warmup", True):
+        w = min(chunk, WARMUP_TOKENS)
+        warm = FullCache(spec, capacity=w + 2 if cell.get("presize") else None)
+        prefill(warm, w)
+        step(warm)
+        del warm
+    cache = FullCache(spec, capacity=capacity)
+    out = tl.out
+    if "prefill" in cell["phases"]:
+        tl.start("prefill")
+        t0 = time.perf_counter()
+        prefill(cache, ctx)
+        _sync(device)
+        ttft = time.perf_counter() - t0
+        tl.stop("prefill")
+        out.update(ttft_s=ttft, prefill_tok_s=ctx / ttft if ttft > 0 else None)
+    else:
+        prefill(cache, ctx)
+    out["cache_bytes"] = cache.nbytes
+    out["cache_used_bytes"] = cache.used_nbytes
+    out["bytes_per_token"] = spec.bytes_per_token(d, dtype) * hkv
+    out["prefill_growth_events"] = cache.growth_events
+    step(cache)  # settle: the first step after prefill pays one-off costs
+    if "decode" in cell["phases"] and n_dec > 0:
+        before = cache.growth_events
+        tl.start("decode")
+        samples = _decode_loop(lambda: step(cache), n_dec, device)
+        tl.stop("decode")
+        _finish_decode(out, samples)
+        out["decode_growth_events"] = cache.growth_events - before
+        out["decode_growth"] = cache.growth_events > before
+    out["level"] = "attention"
+    out["layer_shape"] = [hq, hkv, d]
+    out["cuda_graph"] = False  # every path's op runs eagerly here, kvtax's included
+    out["sdpa_backend"] = sdpa_backend(cell["path"], q_1, cache.view())
+    return out
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def model_cell(
+    cell: dict[str, Any], hook: PhaseHook | None = None, out: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Whole decoder via the Runner: TTFT, prefill tok/s, decode ms/token, per-phase peaks."""
+    from kvtax.harness.bench.hooks import use_attention
+    from kvtax.models import Runner, load_model
+
+    device = torch.device(cell["device"])
+    dtype = torch_dtype(cell["dtype"])
+    tl = Timeline(device, hook, cell, out)
+    tl.enter("setup")
+    path = cell["path"]
+    kv = "fp16" if path == "fp16" else cell["kv"]
+    b, ctx, n_dec = int(cell["batch"]), int(cell["context"]), int(cell["decode_tokens"])
+    model = load_model(cell["model"], dtype=dtype, device=device, seed=int(cell["seed"]))
+    cfg = model.config
+    # Every path decodes in the same runner: the baselines too are captured (masked reads of
+    # the presized storage, lengths from the device), so arms differ in attention alone.
+    runner = Runner(model, kv=kv, chunk_size=int(cell["chunk_size"]),
+                    cuda_graph=cell.get("cuda_graph"))
+    gen = torch.Generator(device="cpu").manual_seed(int(cell["seed"]))
+    ids = torch.randint(0, cfg.vocab_size, (b, ctx), generator=gen).to(device)
+    capacity = ctx + n_dec + 2 if cell.get("presize") else None
+    q_start = int(cell.get("quantized_kv_start") or 0)
+    spec = KVSpec.parse(kv)
+    out = tl.out
+
+    def make(spec_name: str, cap: int | None) -> list[BaseCache]:
+        if spec_name == kv:
+            return runner.make_caches(capacity=cap)
+        return make_caches(cfg.layer_windows(), spec_name, capacity=cap)
+
+    with use_attention(model, attention_for(path)), torch.inference_mode():
+        if cell.get("extra", {}).get("inner_warmup", True):
+            w = min(ctx, int(cell["chunk_size"]), WARMUP_TOKENS)
+            warm = make(kv, w + 2 if cell.get("presize") else None)
+            logits = runner.prefill(ids[:, :w], warm)
+            runner.decode_greedy(logits.argmax(-1, keepdim=True), warm)
+            del warm, logits
+            runner.release_graph()  # the measured caches get their own graph
+
+        def run_prefill() -> tuple[list[BaseCache], torch.Tensor]:
+            if q_start > 0 and spec.is_quantized:
+                # mlx-lm's quantized_kv_start: the first tokens go into an fp16 cache that is
+                # converted to the quantized format once the prompt passes `q_start`.
+                split = min(q_start, ctx)
+                caches = make("fp16", None)
+                logits = runner.prefill(ids[:, :split], caches)
+                caches = convert_caches(caches, kv, capacity)
+                if split < ctx:
+                    logits = runner.prefill(ids[:, split:], caches)
+                return caches, logits
+            caches = make(kv, capacity)
+            return caches, runner.prefill(ids, caches)
+
+        if "prefill" in cell["phases"]:
+            tl.start("prefill")
+            t0 = time.perf_counter()
+            caches, logits = run_prefill()
+            _sync(device)
+            ttft = time.perf_counter() - t0
+            tl.stop("prefill")
+            out.update(ttft_s=ttft, prefill_tok_s=b * ctx / ttft if ttft > 0 else None)
+        else:
+            caches, logits = run_prefill()
+        out["cache_bytes"] = sum(c.nbytes for c in caches)
+        out["cache_used_bytes"] = sum(c.used_nbytes for c in caches)
+        out["bytes_per_token"] = model_bytes_per_token(cfg, spec, dtype)
+        out["prefill_growth_events"] = _growths(caches)
+        tok = logits.argmax(-1, keepdim=True)  # EOS ignored: greedy tokens, whatever they are
+        # greedy steps: on CUDA the argmax is captured with the step (one replay a token)
+        tok = runner.decode_greedy(tok, caches)  # settle step
+        if "decode" in cell["phases"] and n_dec > 0:
+            state = {"tok": tok}
+
+            def step() -> None:
+                state["tok"] = runner.decode_greedy(state["tok"], caches)
+
+            before = _growths(caches)
+            tl.start("decode")
+            samples = _decode_loop(step, n_dec, device)
+            tl.stop("decode")
+            _finish_decode(out, samples)
+            out["decode_growth_events"] = _growths(caches) - before
+            out["decode_growth"] = _growths(caches) > before
+        graph = bool(runner.cuda_graph and runner.graph_disabled_reason is None)
+        out["sdpa_backend"] = decode_sdpa_backend(path, caches, cfg, dtype, graph)
+    out["level"] = "model"
+    out["cuda_graph"] = graph
+    out["graph_off_reason"] = runner.graph_disabled_reason
+    out["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    return out
+
+
+def decode_sdpa_backend(
+    path: str, caches: list[BaseCache], cfg: Any, dtype: torch.dtype, captured: bool,
+    fold_gqa: bool = False,
+) -> str | None:
+    """The SDPA backend a decode step of `path` dispatched to over a global layer's cache
+    (its captured, masked form when `captured`); None for paths without SDPA."""
+    cache = next((c for c in caches if getattr(c, "window", None) is None), caches[0])
+    view = cache.view()
+    if captured:
+        lens = torch.full((view.batch,), view.length, dtype=torch.int32, device=view.device)
+        view = dataclasses.replace(view, length_t=lens)
+    q = torch.empty(view.batch, cfg.num_heads, 1, view.head_dim, dtype=dtype, device=view.device)
+    return sdpa_backend(path, q, view, fold_gqa)
+
+
+def model_bytes_per_token(cfg: Any, spec: KVSpec, dtype: torch.dtype) -> int:
+    """K+V bytes one token adds across all layers (sliding layers included)."""
+    assert cfg.head_dim is not None
+    return spec.bytes_per_token(cfg.head_dim, dtype) * cfg.num_kv_heads * cfg.num_layers
+
+
+def convert_caches(
+    caches: list[BaseCache], spec: str, capacity: int | None
+) -> list[BaseCache]:
+    """Re-encode fp16 caches into `spec` (what mlx-lm's `to_quantized` does mid-prompt)."""
+    out: list[BaseCache] = []
+    for c in caches:
+        if getattr(c, "window", None) is not None:
+            raise ValueError(
+                "quantized_kv_start with sliding-window layers is not supported (mlx-lm "
+                "cannot quantize its RotatingKVCache either); use quantized_kv_start 0"
+            )
+        view = c.view()
+        k = view.k.codes[:, :, : view.length].to(view.dtype)  # fp16 codes are the values
+        v = view.v.codes[:, :, : view.length].to(view.dtype)
+        new = FullCache(spec, capacity=capacity)
+        new.append(k, v)
+        out.append(new)
+    return out
+
+
+def run_cell(
+    cell: dict[str, Any], hook: PhaseHook | None = None, out: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Dispatch on `cell["engine"]` (another stack: the generic engine cell), then on
+    `cell["level"]` (and the hf-quantized path, which runs transformers' own model and
+    cache); `out` receives results phase by phase."""
+    if cell.get("engine", "kvtax") != "kvtax":
+        from kvtax.harness.bench.engine_cell import engine_cell
+
+        return engine_cell(cell, hook, out)
+    if out is not None:
+        from kvtax import __version__
+
+        out["engine_version"] = f"kvtax {__version__}"
+    if cell.get("path") == "hf-quantized" and cell.get("level", "model") == "model":
+        from kvtax.harness.bench.hf_quantized import hf_quantized_cell
+
+        return hf_quantized_cell(cell, hook, out)
+    # extra.sdpa_backend pins the backend the fp16 / dequant baselines' SDPA calls use
+    with use_sdpa_backend(str(cell.get("extra", {}).get("sdpa_backend", "auto"))):
+        if cell.get("level", "model") == "attention":
+            return attention_cell(cell, hook, out)
+        return model_cell(cell, hook, out)

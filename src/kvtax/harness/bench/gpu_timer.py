@@ -1,0 +1,81 @@
+"""Timing shared by the GPU benchmarks: CUDA-graph replays with L2 flushed before each.
+
+Every arm of a benchmark is timed the same way: the call is captured in
+a CUDA graph after two warm-up calls on a side stream, then replayed `reps` times, each
+replay after a 256 MiB write (or read) that evicts L2, timed with CUDA events; median and
+p20 / p80 in ms. `dry` (CPU, interpreter): wall-clock of `dry_calls` eager calls.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+
+import torch
+
+
+class Timer:
+    """Median / p20 / p80 ms of a CUDA-graph replay of `fn`, L2 flushed before each."""
+
+    def __init__(self, reps: int, dry: bool, flush: str = "write", dry_calls: int = 3) -> None:
+        self.reps, self.dry, self.mode, self.dry_calls = reps, dry, flush, dry_calls
+        self.flush = None if dry else torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def evict(self) -> None:
+        """Push the timed call's data out of L2: a 256 MiB write (the dirty lines it leaves
+        are written back during the next call) or read (clean lines, nothing to write)."""
+        if self.mode == "write":
+            self.flush.zero_()
+        else:
+            torch.amax(self.flush.view(torch.int32))
+
+    def __call__(self, fn) -> tuple[float, float, float]:
+        if self.dry:  # the interpreter: a few wall-clock calls, the number meaningless
+            if self.dry_calls > 1:
+                fn()
+            ts = []
+            for _ in range(self.dry_calls):
+                t0 = time.perf_counter()
+                fn()
+                ts.append((time.perf_counter() - t0) * 1e3)
+            return stats(ts)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up (compile, workspaces) off the capture
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        events = []
+        for _ in range(self.reps):
+            self.evict()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        ts = [s.elapsed_time(e) for s, e in events]
+        del graph
+        return stats(ts)
+
+
+def stats(ts: list[float]) -> tuple[float, float, float]:
+    """Median, p20, p80 of `ts`."""
+    ts = sorted(ts)
+    q = lambda f: ts[min(len(ts) - 1, int(f * (len(ts) - 1) + 0.5))]  # noqa: E731
+    return statistics.median(ts), q(0.2), q(0.8)
+
+
+def git_commit() -> str:
+    """The checkout's short commit, recorded beside each run's timings ("unknown" where
+    the tree has no .git, as on the device's copy)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return "unknown"

@@ -1,0 +1,1 @@
+"""The planted-fact recall probe (`kvtax recall`): transcripts, facts, models, grading."""
