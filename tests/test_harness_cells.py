@@ -88,7 +88,7 @@ def test_quantized_kv_start_converts_mid_prompt():
 
 def test_path_swap_reaches_the_decoder(monkeypatch):
     """The unfused cell really calls the unfused function (not kvtax attention)."""
-    import kvtax.attention.baselines as bl
+    from kvtax.attention import baselines as bl
 
     calls = []
     orig = bl.attention_unfused
