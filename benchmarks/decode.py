@@ -224,9 +224,9 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
 
 # kernel name → kind, first match wins (cuBLAS/CUTLASS GEMV-GEMM names vary by version)
 _KINDS = (
-    ("gemm", ("_gemv_",)),  # kvtax's fused GEMV; its split-K reduce is no attention reduce
-    ("attention", ("_decode_", "_prefill_attn", "_reduce_kernel")),
-    ("store", ("_quantize_store", "_store_")),
+    ("gemm", ("gemv_",)),  # kvtax's fused GEMV; its split-K reduce is no attention reduce
+    ("attention", ("decode_", "prefill_attn", "reduce_kernel")),  # with or without a "_"
+    ("store", ("quantize_store", "store_")),
     ("gemm", ("gemv", "gemm", "cutlass", "xmma", "sm90_", "cublas", "splitk", "matmul")),
     ("norm", ("rms_norm", "rmsnorm", "norm", "rsqrt")),  # rsqrt: inductor's fused norms
 )
@@ -311,7 +311,7 @@ def critical_path(spans: list[tuple[str, float, float]], n: int, layers: int) ->
     names = _projection_order(layers)
     roles, k_gemv = [], 0
     for name, start, end in sorted(spans, key=lambda s: s[1]):  # launch order: GEMV roles
-        if name.startswith("_gemv_kernel"):
+        if name.startswith("gemv_kernel"):
             role = names[k_gemv % len(names)]
             k_gemv += 1
         else:
@@ -344,7 +344,7 @@ def gemv_by_shape(prof, n: int, model) -> dict:  # noqa: ANN001
     for e in kernels:
         gaps[id(e)] = e.time_range.start - last_end if last_end is not None else float("inf")
         last_end = e.time_range.end
-    gemvs = [e for e in kernels if e.name.startswith("_gemv_kernel")]
+    gemvs = [e for e in kernels if e.name.startswith("gemv_kernel")]
     layers = model.config.num_layers
     if not gemvs or len(gemvs) != n * (4 * layers + 1):
         return {}

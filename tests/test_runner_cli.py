@@ -108,14 +108,14 @@ def test_decode_benchmark_critical_path_charges_overlap_once() -> None:
     spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)  # type: ignore[union-attr]
-    step = [("_gemv_kernel", 0.0, 10.0),                 # qkv
+    step = [("gemv_kernel", 0.0, 10.0),                 # qkv
             ("_quantize_store_kernel", 5.0, 12.0),      # overlaps qkv: charged 2
             ("_decode_swap_gluon_kernel", 11.0, 30.0),  # charged 18
             ("_decode_attn_reduce_kernel", 31.0, 33.0),  # 1 idle before, charged 2
-            ("_gemv_kernel", 20.0, 40.0),               # o, launched early: charged 7
-            ("_gemv_kernel", 40.0, 41.0),               # gate_up
-            ("_gemv_kernel", 41.0, 45.0),               # down
-            ("_gemv_kernel", 45.0, 50.0),               # lm_head
+            ("gemv_kernel", 20.0, 40.0),               # o, launched early: charged 7
+            ("gemv_kernel", 40.0, 41.0),               # gate_up
+            ("gemv_kernel", 41.0, 45.0),               # down
+            ("gemv_kernel", 45.0, 50.0),               # lm_head
             ("triton_poi_fused_argmax", 50.0, 50.5)]
     later = [(n, a + 1000.0, b + 1000.0) for n, a, b in step]
     got = bench.critical_path(step + later, 2, layers=1)

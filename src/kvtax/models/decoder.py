@@ -161,10 +161,10 @@ class Block(nn.Module):
         """Whether `forward(x, ...)` runs the fused GEMV path (decode-sized x)."""
         return self.fused_gemv and _gemv_api().unsupported_reason(x, self.attn.wqkv.weight) is None
 
-    def forward(self, x, cos, sin, cache, write_pos, length_t, freqs=None):  # noqa: ANN001, ANN201
-        """freqs: (positions, inv_freq) the tables cos / sin were built from; the fused
-        qkv GEMV builds its own from them (no table kernels in a decode step; cos / sin
-        may then be None)."""
+    def forward(self, x, cos, sin, cache, write_pos, length_t, freqs):  # noqa: ANN001, ANN201
+        """freqs: (positions `[T]`, inv_freq fp32 `[D / 2]`) the tables cos / sin `[T, D]`
+        were built from; the fused qkv GEMV builds its own from them (no table kernels in
+        a decode step; cos / sin are then None)."""
         if self.fused(x):
             return self._forward_gemv(_gemv_api(), x, cos, sin, cache, write_pos, length_t,
                                       freqs)
@@ -173,7 +173,7 @@ class Block(nn.Module):
         h = self.mlp(self.ffn_norm(x))
         return x + (self.post_ffn_norm(h) if self.sandwich else h)
 
-    def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t, freqs=None):  # noqa: ANN001, ANN202
+    def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t, freqs):  # noqa: ANN001, ANN202
         """The decode step as four fused GEMVs (see `gemv_blocker` for the layers it takes).
         The qkv GEMV also rotates q and k (its RoPE epilogue: three elementwise launches
         fewer per layer) unless q/k norms (Qwen3, Gemma 3) must come first. Sandwich norms
@@ -184,7 +184,7 @@ class Block(nn.Module):
         rope = None
         if attn.rope_in_gemv:
             rows = attn.sizes[0] + attn.sizes[1]
-            rope = (*freqs, rows) if freqs is not None else (cos, sin, rows)
+            rope = (*freqs, rows)
         qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=an.weight, eps=an.eps,
                       norm_offset=an.offset, bias=attn.wqkv.bias, rope=rope)
         a = attn.attend(qkv, cos, sin, cache, write_pos, length_t, rotated=rope is not None)
@@ -252,13 +252,9 @@ class DecoderModel(nn.Module):
         self.inv_freq_local = inv_frequencies(cfg.head_dim, local_theta).to(dev)
 
     fused_gemv = False  # see set_fused_gemv
-    # the fused qkv GEMV builds its RoPE tables from the positions (no table kernels in a
-    # decode step; False: it reads the tables built once per step, as unfused layers do).
-    # H200, Llama-3.1-8B at 32k, ms per token, positions / tables (the
-    # qkv tile held across the PDL wait): int4 4.265 / 4.261, int8 4.519 / 4.522, bf16
-    # 4.937 / 4.957; 227 launches per step instead of 235. (Without the held tile, call 2,
-    # the positions lost: int4 4.286 / 4.267.)
-    rope_freqs = True
+    # The fused qkv GEMV builds its RoPE tables from the positions: no table kernels in a
+    # decode step (227 launches instead of 235). H200, Llama-3.1-8B at 32k, ms per token,
+    # positions / tables read: int4 4.265 / 4.261, int8 4.519 / 4.522, bf16 4.937 / 4.957.
 
     def set_fused_gemv(self, on: bool = True) -> None:
         """Route decode-sized steps (B·T <= 4 rows, CUDA, fp16/bf16/fp32) through the fused
@@ -300,8 +296,7 @@ class DecoderModel(nn.Module):
         if cfg.embed_scale:
             x = x * torch.tensor(math.sqrt(cfg.hidden_size), dtype=x.dtype)
         # tables only where a layer reads them: not when every qkv GEMV builds its own
-        tables = not (self.rope_freqs and all(
-            layer.attn.rope_in_gemv and layer.fused(x) for layer in self.layers))
+        tables = not all(layer.attn.rope_in_gemv and layer.fused(x) for layer in self.layers)
         rope = rope_cos_sin(positions, self.inv_freq, x.dtype) if tables else (None, None)
         rope_local = rope_cos_sin(positions, self.inv_freq_local, x.dtype) if tables and any(
             self.local_rope
@@ -309,8 +304,7 @@ class DecoderModel(nn.Module):
         for layer, cache, local in zip(self.layers, caches, self.local_rope):
             cos, sin = rope_local if local else rope
             inv = (self.inv_freq_local if local else self.inv_freq).float()  # as rope_cos_sin
-            x = layer(x, cos, sin, cache, write_pos, length_t,
-                      freqs=(positions, inv) if self.rope_freqs else None)
+            x = layer(x, cos, sin, cache, write_pos, length_t, freqs=(positions, inv))
         if last_only:
             x = x[:, -1:]
         gm = _gemv_api() if self.fused_gemv else None

@@ -26,7 +26,7 @@ import triton
 
 from kvtax import pdl
 from kvtax.errors import OptionError, ShapeError
-from kvtax.models.kernels.gemv import _gemv_kernel, _gemv_reduce_kernel
+from kvtax.models.kernels.gemv import gemv_kernel, gemv_reduce_kernel
 from kvtax.models.rope import apply_rope, rope_cos_sin
 
 MAX_ROWS = 4  # decode batch; the kernel keeps one fp32 tile per input row in registers
@@ -35,18 +35,13 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 H200_SMS = 132  # the default's target when no CUDA device is visible (interpreter, meta)
 ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
-# programmatic dependent launch of the main kernel: kvtax.pdl (KVTAX_PDL=0 turns it off)
-# where the main kernel waits under PDL: 0 first thing; 1 after issuing its first W tile
-# in every launch; 2 in every launch but the RoPE one (qkv); 3 only in the residual
-# launches (o, down); 4 (default) in those and the RoPE launch, not gate/up or lm_head.
-# The held tile stays in W's dtype until after the wait (Triton 3.6, sm_90: qkv 92
-# registers, run capped at 80 so its 768 programs fit one wave; gate/up 120 instead of 80,
-# 4 programs per SM instead of 6). Llama-3.1-8B on the H200, ms per token:
-# (tile held as fp32, 32k, modes 0 / 3 / 2) int4 4.483 / 4.465 / 4.574
-# (32k, modes 4 / 3 / 1 / 2) int4 4.254 / 4.286 / 4.263 / 4.301, int8 4.517 / 4.542, bf16
-# 4.939 / 4.956; call 3 (32k-128k, 4 vs 3): 0 to -0.4% in every cell
-PDL_FIRST = 4
-PDL_FIRST_MODES = (0, 1, 2, 3, 4)
+# Programmatic dependent launch of the main kernel: kvtax.pdl (KVTAX_PDL=0 turns it off).
+# The residual launches (o, down) and the RoPE launch (qkv) wait after issuing their
+# first W tile, the others (gate/up, lm_head) first thing: held across the wait, gate/up's
+# tile costs 120 registers instead of 80 (4 programs per SM instead of 6; Triton 3.6,
+# sm_90). Llama-3.1-8B on the H200 at 32k, ms per token, waits placed so / only in o and
+# down / everywhere / everywhere but qkv: int4 4.254 / 4.286 / 4.263 / 4.301; at 32k-128k
+# 0 to -0.4% against o and down only in every cell (docs/BENCHMARKS.md).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,19 +131,16 @@ def default_config(
 
 def _interpreting() -> bool:
     """True when Triton's interpreter built the kernel (then it also runs on CPU tensors)."""
-    return type(_gemv_kernel).__name__ == "InterpretedFunction"
+    return type(gemv_kernel).__name__ == "InterpretedFunction"
 
 
 def _pdl(x: torch.Tensor, rope: bool = False, residual: bool = False) -> dict:
-    """The main kernel's programmatic dependent launch keywords (kvtax.pdl; {}: off);
-    PDL_FIRST from the module's mode for a launch with or without the RoPE epilogue /
-    the residual epilogue."""
-    if PDL_FIRST not in PDL_FIRST_MODES:
-        raise OptionError(f"gemv.PDL_FIRST={PDL_FIRST!r} must be one of {PDL_FIRST_MODES}")
-    opts = pdl.launch_options("gemv", x, _interpreting())
-    first = (PDL_FIRST == 1 or (PDL_FIRST == 2 and not rope)
-             or (PDL_FIRST == 3 and residual) or (PDL_FIRST == 4 and (residual or rope)))
-    return {**opts, "PDL_FIRST": first} if opts else {}
+    """The main kernel's programmatic dependent launch keywords (kvtax.pdl; {}: off) for a
+    launch with or without the RoPE / the residual epilogue: PDL_FIRST (the wait after
+    the first W tile) in those two, not in the others."""
+    if not pdl.enabled("gemv", x, _interpreting()):
+        return {}
+    return {"PDL": True, "PDL_FIRST": rope or residual, "launch_pdl": True}
 
 
 def runs_on(device: torch.device) -> bool:
@@ -430,7 +422,7 @@ def _gemv(
         rope_args = (cos, sin, cos.stride(0), cos.shape[0], rot)  # freqs: stride unread
     else:
         rope_args = (x2, x2, 0, 1, 0)  # placeholders, never read
-    _gemv_kernel[(triton.cdiv(n_rows, cfg.block_n), splits)](
+    gemv_kernel[(triton.cdiv(n_rows, cfg.block_n), splits)](
         x2, w, g, b, r2, y2, ws, ss,
         n_rows, k, k_per, x2.stride(0), w.stride(0), r2.stride(0), y2.stride(0), float(eps),
         *rope_args, ROPE=rope is not None, HEAD_DIM=_rope_head_dim(rope) if rope else 0,
@@ -443,7 +435,7 @@ def _gemv(
     )
     if split:
         block = min(1024, triton.next_power_of_2(n))
-        _gemv_reduce_kernel[(triton.cdiv(n, block), rows)](
+        gemv_reduce_kernel[(triton.cdiv(n, block), rows)](
             ws, ss, b, r2, y2, n, n_rows, k, splits, r2.stride(0), y2.stride(0), float(eps),
             ROWS=rows, NORM=norm_weight is not None, BIAS=bias is not None,
             RESIDUAL=residual is not None,
