@@ -183,6 +183,9 @@ def gemv_kernel(
     lane's own vector: no shuffles) before they join the accumulators, which are then
     `[BLOCK_N, BLOCK_K / FOLD]`, so a tile with long runs per W row (2 x 2048) fits the
     registers (kvtax.models.gemv.default_config).
+
+    Over 80 lines: the loop body and epilogues are unrolled by hand for up to four input
+    rows, each row's accumulators a separate named tile.
     """
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
