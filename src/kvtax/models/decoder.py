@@ -28,6 +28,7 @@ from kvtax.attention import attention
 from kvtax.cache import BaseCache
 from kvtax.errors import OptionError
 from kvtax.models.config import ModelConfig
+from kvtax.models.launch import DEFAULT, DecodeLaunch
 from kvtax.models.rope import apply_rope, inv_frequencies, rope_cos_sin
 
 
@@ -54,6 +55,8 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     """Grouped-query attention over a kvtax cache; q/k/v fused into one projection."""
+
+    launch: DecodeLaunch = DEFAULT  # set through DecoderModel.set_launch
 
     def __init__(self, cfg: ModelConfig, window: int | None) -> None:
         super().__init__()
@@ -121,7 +124,10 @@ class Attention(nn.Module):
             # captured graph serves every step; the host length is advanced by the runner.
             cache.write_at(k, v, write_pos)
             view = dataclasses.replace(cache.view(), length=cache.length + t, length_t=length_t)
-        out = self.attn_fn(q, view, scale=cfg.scale, softcap=cfg.attn_softcap)  # [B, Hq, T, D]
+        fn = self.attn_fn
+        if self.launch.attention and fn is attention:  # an experiment's forced launch
+            fn = self.launch.attend
+        out = fn(q, view, scale=cfg.scale, softcap=cfg.attn_softcap)  # [B, Hq, T, D]
         return out.transpose(1, 2).reshape(b, t, -1)
 
 
@@ -144,6 +150,7 @@ class Block(nn.Module):
     """Pre-norm residual block; Gemma adds post-norms on both branches (sandwich)."""
 
     fused_gemv = False  # set through DecoderModel.set_fused_gemv
+    launch: DecodeLaunch = DEFAULT  # set through DecoderModel.set_launch
 
     def __init__(self, cfg: ModelConfig, window: int | None) -> None:
         super().__init__()
@@ -181,22 +188,31 @@ class Block(nn.Module):
         add stays in torch after the norm."""
         attn, mlp = self.attn, self.mlp
         an, fn = self.attn_norm, self.ffn_norm
+        cfg = self.launch.gemv_config if self.launch.gemv else _no_config
         rope = None
         if attn.rope_in_gemv:
-            rows = attn.sizes[0] + attn.sizes[1]
-            rope = (*freqs, rows)
-        qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=an.weight, eps=an.eps,
-                      norm_offset=an.offset, bias=attn.wqkv.bias, rope=rope)
+            rope = (*freqs, attn.sizes[0] + attn.sizes[1])
+        w = attn.wqkv.weight
+        qkv = gm.gemv(x, w, norm_weight=an.weight, eps=an.eps, norm_offset=an.offset,
+                      bias=attn.wqkv.bias, rope=rope, config=cfg("qkv", x, w))
         a = attn.attend(qkv, cos, sin, cache, write_pos, length_t, rotated=rope is not None)
+        w = attn.wo.weight
         if self.sandwich:
-            x = x + self.post_attn_norm(gm.gemv(a, attn.wo.weight))
+            x = x + self.post_attn_norm(gm.gemv(a, w, config=cfg("o", a, w)))
         else:
-            x = gm.gemv(a, attn.wo.weight, residual=x)
-        h = gm.gemv(x, mlp.w13.weight, norm_weight=fn.weight, eps=fn.eps, norm_offset=fn.offset,
-                    silu_mul=True, gelu=mlp.gelu)
+            x = gm.gemv(a, w, residual=x, config=cfg("o", a, w))
+        w = mlp.w13.weight
+        h = gm.gemv(x, w, norm_weight=fn.weight, eps=fn.eps, norm_offset=fn.offset,
+                    silu_mul=True, gelu=mlp.gelu, config=cfg("gate_up", x, w, True))
+        w = mlp.w2.weight
         if self.sandwich:
-            return x + self.post_ffn_norm(gm.gemv(h, mlp.w2.weight))
-        return gm.gemv(h, mlp.w2.weight, residual=x)
+            return x + self.post_ffn_norm(gm.gemv(h, w, config=cfg("down", h, w)))
+        return gm.gemv(h, w, residual=x, config=cfg("down", h, w))
+
+
+def _no_config(*_args: object) -> None:
+    """No launch override (gemv's default config)."""
+    return None
 
 
 def _gemv_api():  # noqa: ANN202
@@ -269,6 +285,15 @@ class DecoderModel(nn.Module):
         for layer in self.layers:
             layer.fused_gemv = bool(on)
 
+    launch: DecodeLaunch = DEFAULT  # see set_launch
+
+    def set_launch(self, launch: DecodeLaunch | None = None) -> None:
+        """Launch the decode step's GEMVs and decode attention with `launch`'s overrides
+        (an experiment's; None: the shipped heuristics)."""
+        self.launch = launch or DEFAULT
+        for layer in self.layers:
+            layer.launch = layer.attn.launch = self.launch
+
     @property
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.config.tie_word_embeddings else self.lm_head.weight
@@ -310,7 +335,9 @@ class DecoderModel(nn.Module):
         gm = _gemv_api() if self.fused_gemv else None
         if gm is not None and gm.unsupported_reason(x, self.head_weight) is None:
             logits = gm.gemv(x, self.head_weight, norm_weight=self.norm.weight, eps=self.norm.eps,
-                             norm_offset=self.norm.offset)
+                             norm_offset=self.norm.offset,
+                             config=self.launch.gemv_config("lm_head", x, self.head_weight)
+                             if self.launch.gemv else None)
         else:
             logits = F.linear(self.norm(x), self.head_weight)
         if cfg.final_softcap:

@@ -154,6 +154,15 @@ def _num_sms(device: torch.device) -> int:
     return H200_SMS
 
 
+def default_config_for(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False) -> GemvConfig:
+    """The `default_config` that gemv(x, w, silu_mul=...) launches with (x `[..., K]`, w
+    `[N, K]`; before RoPE narrows it): the base an experiment's overrides replace fields of."""
+    k = x.shape[-1]
+    n = w.shape[0] // 2 if silu_mul else w.shape[0]
+    return default_config(n, k, rows=x.numel() // k, silu_mul=silu_mul,
+                          elem_bytes=w.element_size(), num_sms=_num_sms(x.device))
+
+
 def _out_shape(x: torch.Tensor, w: torch.Tensor, silu_mul: bool) -> tuple[int, ...]:
     return (*x.shape[:-1], w.shape[0] // 2 if silu_mul else w.shape[0])
 

@@ -38,6 +38,7 @@ from kvtax.formats.spec import centering_conflict
 from kvtax.models import argmax
 from kvtax.models.decode_graph import DecodeGraph, clear_unwritten, graph_blocker
 from kvtax.models.decoder import DecoderModel, gemv_blocker
+from kvtax.models.launch import DecodeLaunch
 from kvtax.models.sampling import sample
 
 
@@ -84,6 +85,9 @@ class Runner:
                 SiLU·up and residual adds fused (`DecoderModel.set_fused_gemv`, which
                 this sets on the model). None → on for CUDA models whose architecture
                 they cover (`gemv_blocker`), True forces (OptionError where not), False off.
+    launch:     an experiment's launch overrides of the decode step's GEMVs and decode
+                attention (kvtax.models.launch.DecodeLaunch, set on the model); None:
+                the shipped heuristics.
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class Runner:
         overrides: dict[int, str | KVSpec] | None = None,
         compile: bool | str = False,
         fused_gemv: bool | None = None,
+        launch: DecodeLaunch | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -136,6 +141,7 @@ class Runner:
                                   "Triton interpreter)")
         # one place sets the model's switch; OptionError for architectures it does not cover
         model.set_fused_gemv(fused_gemv)
+        model.set_launch(launch)
         self.fused_gemv = fused_gemv
         self.graph_disabled_reason: str | None = None
         self._graph: DecodeGraph | None = None  # decode_step's (logits out)
@@ -202,6 +208,10 @@ class Runner:
             self._check_room(caches)
             return self._greedy.step_greedy(tok, caches[0].length, caches)  # type: ignore[union-attr]
         return sample(self.decode_step(tok, caches))
+
+    def graph_captured(self, greedy: bool = True) -> bool:
+        """Whether a decode graph is held: decode_greedy's (`greedy`) or decode_step's."""
+        return (self._greedy if greedy else self._graph) is not None
 
     def release_graph(self) -> None:
         """Drop the captured decode graphs (and their memory pools) before building new
