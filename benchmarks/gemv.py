@@ -14,7 +14,8 @@ after), down (residual add after), lm_head (final RMSNorm before). Arms, side by
 Each call is captured in a CUDA graph and replayed; a 256 MiB write flushes L2 before
 each replay; median of --reps replays with p20/p80 (kvtax.harness.bench.gpu_timer, as for
 attention.py). Per cell: µs, TB/s of the bytes the fused layer must move (weights + x + output [+ residual, norm weight]) and the
-fraction of a streaming-read ceiling measured in the same run (readceiling.py), and the
+fraction of a streaming-read ceiling measured in the same run
+(kvtax.harness.bench.read_ceiling), and the
 max abs error against gemv_reference (float32), checked before timing.
 
     python benchmarks/gemv.py --out runs/gemv
@@ -41,8 +42,6 @@ if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kvtax.harness.bench.gpu_timer import Timer, git_commit as _git_commit  # noqa: E402
 
@@ -260,7 +259,7 @@ def main(argv=None) -> list[dict]:
     if dry:
         ceiling, ceiling_rows = float("nan"), []
     else:
-        from readceiling import read_ceiling
+        from kvtax.harness.bench.read_ceiling import read_ceiling
 
         ceiling, ceiling_rows = read_ceiling(timer)
     config["read_ceiling_tbps"], config["read_ceiling_kernels"] = ceiling, ceiling_rows

@@ -1,45 +1,27 @@
-"""Smoke test of benchmarks/hf_decode.py: a toy model on the CPU (the H200 run is the lead's)."""
+"""Smoke test of benchmarks/hf_decode.py run as a script: a toy model on the CPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import torch
 
 from kvtax.formats import KVSpec
 from kvtax.hf.models import tiny_config
+from tests.models_env import run_benchmark
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "hf_decode.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("hf_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+ARMS = ("dynamic", "kvtax-int8", "kvtax-int4", "quanto-int4")
 
 
-def test_tiny_cpu_run_writes_rows_and_table(tmp_path, capsys) -> None:
-    bench = _load()
+def test_tiny_cpu_run_writes_rows_and_table(tmp_path) -> None:
     out = tmp_path / "run"
-    rows = bench.main(
-        [
-            "--device",
-            "cpu",
-            "--config",
-            "tiny",
-            "--context",
-            "64",
-            "--new-tokens",
-            "4",
-            "--out",
-            str(out),
-        ]
-    )
+    run = run_benchmark("hf_decode.py", "--device", "cpu", "--config", "tiny", "--context",
+                        "64", "--new-tokens", "4", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    saved = json.loads((out / "rows.json").read_text())
+    rows = saved["rows"]
     by = {(r["arm"], r["mode"]): r for r in rows}
-    assert set(by) == {(a, m) for a in bench.ARMS for m in ("eager", "static")}
+    assert set(by) == {(a, m) for a in ARMS for m in ("eager", "static")}
     for arm in ("dynamic", "kvtax-int8", "kvtax-int4"):
         for mode in ("eager", "static"):
             r = by[arm, mode]
@@ -60,8 +42,7 @@ def test_tiny_cpu_run_writes_rows_and_table(tmp_path, capsys) -> None:
         want = per * slots * cfg.num_key_value_heads * cfg.num_hidden_layers
         assert by[f"kvtax-{kv}", "static"]["cache_bytes"] == want
 
-    saved = json.loads((out / "rows.json").read_text())
-    assert len(saved["rows"]) == len(rows) and saved["environment"]["torch"] == torch.__version__
+    assert saved["environment"]["torch"] == torch.__version__
     table = (out / "table.md").read_text().strip()
-    assert capsys.readouterr().out.strip().endswith(table)
+    assert run.stdout.strip().endswith(table)
     assert table.count("\n") == len(rows) + 1  # header, rule, one line per row

@@ -128,6 +128,9 @@ class Runner:
         if compile and not self.cuda_graph:
             raise OptionError("compile compiles the CUDA-graph decode step: it needs a model "
                               "on a CUDA device with CUDA-graph decode on")
+        if compile and launch is not None and launch.attention:
+            raise OptionError("attention launch overrides call the kernels directly: they "
+                              "cannot be compiled (compile=False)")
         self.compile = compile
         if fused_gemv is None:
             # argmax.runs_on: Triton kernels run here (False on a CUDA install without Triton)
