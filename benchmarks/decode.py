@@ -89,7 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "triton on CUDA where the architecture allows, else torch)")
     p.add_argument("--gemv-override", default="", metavar="FIELD=V,...",
                    help="replace fields of every default GEMV launch (GemvConfig: block_n, "
-                        "block_k, split_k, num_warps, num_stages, fold), e.g. block_k=1024; "
+                        "block_k, split_k, fold), e.g. block_k=1024; "
                         "the same as --variants gemv.FIELD=V,...")
     p.add_argument("--variants", default="", metavar="V;V...",
                    help="launch variants, ';'-separated, each timed as its own cell in this "

@@ -201,12 +201,12 @@ def test_default_config_fills_the_gpu():
             tiles = rows * (2 if silu else 1)
             # 16+ programs per SM stream 2 KiB per row per step: up to twice the budget;
             # folded tiles keep block_k / fold accumulators per row
-            assert c.block_n * c.block_k // c.fold * tiles <= 2 * 32 * 32 * c.num_warps, (
+            assert c.block_n * c.block_k // c.fold * tiles <= 2 * 32 * 32 * gm.NUM_WARPS, (
                 n, k, c)
     assert default_config(6144, 4096).block_n == 8  # qkv: 768 blocks of 8 (5.8 per SM)
     # o, down, gate/up at one row: 2-row blocks, 4 KiB of each row per step, folded by 4
     for n, k, silu in ((4096, 4096, False), (4096, 14336, False), (14336, 4096, True)):
-        assert default_config(n, k, silu_mul=silu) == GemvConfig(2, 2048, 1, 4, 1, 4)
+        assert default_config(n, k, silu_mul=silu) == GemvConfig(2, 2048, 1, 4)
     assert default_config(4096, 4096, rows=4).fold == 1  # batch rows: the earlier tiles
     assert default_config(14336, 4096, rows=2, silu_mul=True).fold == 1
     assert default_config(128256, 4096).block_k == 1024  # lm_head

@@ -32,6 +32,7 @@ from kvtax.models.rope import apply_rope, rope_cos_sin
 MAX_ROWS = 4  # decode batch; the kernel keeps one fp32 tile per input row in registers
 MAX_SPLIT_K = 16
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+NUM_WARPS = 4  # per program, every launch (the register budget of default_config)
 H200_SMS = 132  # the default's target when no CUDA device is visible (interpreter, meta)
 ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
@@ -47,18 +48,18 @@ POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritte
 @dataclasses.dataclass(frozen=True)
 class GemvConfig:
     """Launch of `gemv`: W tile `[block_n, block_k]` per loop step, `split_k` programs per
-    block of `block_n` rows (each a contiguous K slice), Triton's num_warps / num_stages.
-    block_n and block_k are powers of two."""
+    block of `block_n` rows (each a contiguous K slice), products summed in groups of
+    `fold` columns each step (the kernel's FOLD). block_n, block_k and fold are powers of
+    two. Every launch runs NUM_WARPS warps in one stage (default_config's register
+    budget assumes them)."""
 
     block_n: int = 16
     block_k: int = 512
     split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 1
-    fold: int = 1  # products summed in groups of `fold` columns each step (kernel FOLD)
+    fold: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "block_k", "num_warps", "fold"):
+        for name in ("block_n", "block_k", "fold"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise OptionError(f"GemvConfig.{name}={v} must be a power of two")
@@ -66,13 +67,11 @@ class GemvConfig:
             raise OptionError(f"GemvConfig.split_k={self.split_k} must be in 1..{MAX_SPLIT_K}")
         if self.fold > self.block_k:
             raise OptionError(f"GemvConfig.fold={self.fold} must be <= block_k={self.block_k}")
-        if self.num_stages < 1:
-            raise OptionError(f"GemvConfig.num_stages={self.num_stages} must be >= 1")
 
     @property
     def tag(self) -> str:
-        return (f"n{self.block_n}-k{self.block_k}-s{self.split_k}-w{self.num_warps}"
-                f"-st{self.num_stages}" + (f"-f{self.fold}" if self.fold > 1 else ""))
+        return (f"n{self.block_n}-k{self.block_k}-s{self.split_k}"
+                + (f"-f{self.fold}" if self.fold > 1 else ""))
 
 
 @lru_cache(maxsize=256)
@@ -102,10 +101,9 @@ def default_config(
     (whole 8 KiB rows: gate/up 69.6 µs; down 2 x 4096: 4.400 ms) and folding alone (more
     programs per SM, same tiles: 4.541 ms at fold 8) measured slower.
     """
-    num_warps = 4
     block_k = min(1024 // elem_bytes, triton.next_power_of_2(k))
     tiles = rows * (2 if silu_mul else 1)
-    budget = 32 * 32 * num_warps  # fp32 accumulator elements per program
+    budget = 32 * 32 * NUM_WARPS  # fp32 accumulator elements per program
     block_n = max(1, min(budget // (block_k * tiles), triton.next_power_of_2(n), 8))
     block_n = 1 << int(math.log2(block_n))
     blocks = triton.cdiv(n, block_n)
@@ -126,7 +124,7 @@ def default_config(
     max_split = min(MAX_SPLIT_K, triton.cdiv(k, block_k))
     while blocks * split_k < num_sms and split_k * 2 <= max_split:
         split_k *= 2
-    return GemvConfig(block_n, block_k, split_k, num_warps, 1, fold)
+    return GemvConfig(block_n, block_k, split_k, fold)
 
 
 def _interpreting() -> bool:
@@ -366,7 +364,7 @@ def gemv(
     if reason is not None:
         raise ShapeError(f"gemv cannot run: {reason}")
     cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
-                                       config.num_warps, config.num_stages, config.fold)
+                                       config.fold)
     if torch.compiler.is_compiling():
         cos, sin, rot = rope if rope is not None else (None, None, 0)
         y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul,
@@ -412,7 +410,7 @@ def _gemv(
     n_rows = w.shape[0] if split else n  # with split-K the main kernel sees gate/up as rows
     g = norm_weight.contiguous() if norm_weight is not None else x2
     b = bias.contiguous() if bias is not None else x2  # placeholders are never read
-    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    opts = dict(num_warps=NUM_WARPS, num_stages=1)
     opts.update(_pdl(x, rope is not None, residual is not None))
     if (rope is not None and config is None and rows == 1 and x.is_cuda
             and cfg.block_n * cfg.block_k <= 8 * 512):
