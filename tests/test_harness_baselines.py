@@ -243,7 +243,7 @@ def test_cuda_graph_decode_with_a_baseline_equals_eager(name, path, backend, com
             # (on CPU in bf16 the two forms differ by up to 1.2e-2 rel RMS, 1.4e-2 max abs)
             assert_close(got, want, atol=6e-2, rel_rms=3e-2, what=f"step {i}")
             tok = want.argmax(-1, keepdim=True)
-    assert graph._graph is not None and graph.graph_disabled_reason is None
+    assert graph.graph_captured(greedy=False) and graph.graph_disabled_reason is None
 
 
 def test_varlen_arm_is_sdpa_eagerly_and_says_why_it_cannot_be_captured_on_cpu():
