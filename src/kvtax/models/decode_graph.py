@@ -35,6 +35,8 @@ class DecodeGraph:
         cls, model: DecoderModel, caches: Sequence[BaseCache], compile: bool | str = False,
         greedy: bool = False,
     ) -> "DecodeGraph":
+        """Warm up and capture `model`'s decode step over `caches` (filled, fixed storage)
+        at their current length; `compile` / `greedy` as for decode_step_fn."""
         self = cls()
         dev = model.embed.weight.device
         batch = caches[0].store.batch  # type: ignore[union-attr]
@@ -64,11 +66,14 @@ class DecodeGraph:
         return self
 
     def serves(self, caches: Sequence[BaseCache]) -> bool:
+        """Whether this graph was captured over `caches`' storage (same list, or same key)."""
         if self.first is not None and id(caches) == self.list_id and self.first() is caches[0]:
             return True
         return cache_key(caches) == self.key
 
     def step(self, tok: torch.Tensor, n: int, caches: Sequence[BaseCache]) -> torch.Tensor:
+        """Replay at cache length `n` with tokens `tok` `[B, 1]`; logits `[B, vocab]` fp32
+        (a copy), the caches advanced by one."""
         self.tokens.copy_(tok)
         self.pos.fill_(n)
         self.length.fill_(n + 1)
