@@ -46,3 +46,24 @@ def test_tiny_cpu_run_writes_rows_and_table(tmp_path) -> None:
     table = (out / "table.md").read_text().strip()
     assert run.stdout.strip().endswith(table)
     assert table.count("\n") == len(rows) + 1  # header, rule, one line per row
+
+
+def test_budget_skips_rows_and_every_row_lands_in_jsonl(tmp_path) -> None:
+    """A row the budget cannot fit says so; every row is in rows.jsonl as it completes; a
+    new run starts the file afresh; --table prints a killed run's rows."""
+    out = tmp_path / "run"
+    common = ("--device", "cpu", "--config", "tiny", "--context", "24", "--new-tokens", "3",
+              "--modes", "eager", "--warmup-tokens", "2", "--out", str(out))
+    run = run_benchmark("hf_decode.py", *common, "--arms", "dynamic,kvtax-int8",
+                        "--budget-s", "1e-9")
+    assert run.returncode == 0, run.stderr
+    rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+    assert [r["arm"] for r in rows] == ["dynamic", "kvtax-int8"]
+    assert [r["status"].split(":")[0] for r in rows] == ["skipped", "skipped"]
+    run = run_benchmark("hf_decode.py", *common, "--arms", "dynamic")
+    assert run.returncode == 0, run.stderr
+    (row,) = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+    assert row["status"] == "ok" and row["warmup_tokens"] == 3  # min(new, max(4, 2))
+    assert row["generated"] == 3
+    table = run_benchmark("hf_decode.py", "--table", str(out / "rows.jsonl"))
+    assert "| dynamic | eager | ok |" in table.stdout
