@@ -90,3 +90,30 @@ def test_attention_config_forces_the_decode_keywords():
     assert forced == make(q, view, None, per_sm=1)
     assert forced.kernel == base.kernel and forced.num_splits < base.num_splits
     assert DecodeLaunch().attention_config(q, view) is None
+
+
+def test_model_attends_through_the_forced_launch(monkeypatch):
+    """With attention overrides each layer's attention goes through DecodeLaunch.attend
+    (the ordinary dispatch where the kernels cannot serve, as on this CPU); a Runner
+    without them puts the plain dispatch back; they cannot be compiled."""
+    model = random_model(SMALL, dtype=torch.float32, device=DEVICE)
+    calls = []
+    real = DecodeLaunch.attend
+
+    def spy(self, q, view, **kw):  # noqa: ANN001, ANN202
+        calls.append(q.shape)
+        return real(self, q, view, **kw)
+
+    monkeypatch.setattr(DecodeLaunch, "attend", spy)
+    ids = torch.tensor([[1, 2, 3]], device=DEVICE)
+    runner = Runner(model, kv="int8", cuda_graph=False, fused_gemv=False,
+                    launch=DecodeLaunch.parse("attn.per_sm=2"))
+    caches = runner.make_caches(capacity=8)
+    want = runner.prefill(ids, caches)
+    assert len(calls) == SMALL.num_layers
+    plain = Runner(model, kv="int8", cuda_graph=False, fused_gemv=False)
+    assert torch.equal(plain.prefill(ids, plain.make_caches(capacity=8)), want)
+    assert len(calls) == SMALL.num_layers  # the defaults again: no forced launch
+    with pytest.raises(OptionError, match="cannot be compiled"):
+        Runner(model, kv="int8", cuda_graph=False, compile=True,
+               launch=DecodeLaunch.parse("attn.per_sm=2"))

@@ -105,6 +105,9 @@ class Runner:
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if compile and launch is not None and launch.attention:
+            raise OptionError("attention launch overrides call the kernels directly: they "
+                              "cannot be compiled (compile=False)")
         self.model = model
         softcap = model.config.attn_softcap
         hd = model.config.head_dim
@@ -128,9 +131,6 @@ class Runner:
         if compile and not self.cuda_graph:
             raise OptionError("compile compiles the CUDA-graph decode step: it needs a model "
                               "on a CUDA device with CUDA-graph decode on")
-        if compile and launch is not None and launch.attention:
-            raise OptionError("attention launch overrides call the kernels directly: they "
-                              "cannot be compiled (compile=False)")
         self.compile = compile
         if fused_gemv is None:
             # argmax.runs_on: Triton kernels run here (False on a CUDA install without Triton)
