@@ -55,7 +55,7 @@ class DecodeLaunch:
     def __post_init__(self) -> None:
         from kvtax.errors import OptionError
 
-        fields = _gemv_fields()
+        fields = _gemv_fields() if self.gemv else set()  # (Triton: only when overriding)
         for scope, changes in self.gemv.items():
             bad = set(changes) - fields
             if scope not in GEMV_SCOPES or bad:
