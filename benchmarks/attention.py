@@ -328,7 +328,7 @@ def kernel_times(fn, calls: int = 10) -> dict[str, float]:
 
 
 def _ceiling(timer):
-    from readceiling import read_ceiling
+    from kvtax.harness.bench.read_ceiling import read_ceiling
 
     return read_ceiling(timer)
 

@@ -214,9 +214,6 @@ def gemv_cases():
                 yield (f"gemv {name} {fusion} default pdl",
                        lambda x=x, w=w, kw=kw, s=gated: _with_all_pdl(lambda: gm.gemv(
                            x, w, silu_mul=s, **kw)))
-                yield (f"gemv {name} {fusion} default pdl, wait after the first W tile",
-                       lambda x=x, w=w, kw=kw, s=gated: _with_gemv_first(lambda: _with_all_pdl(
-                           lambda: gm.gemv(x, w, silu_mul=s, **kw))))
 
 
 def argmax_cases():
@@ -235,30 +232,15 @@ def argmax_cases():
 
 
 def _with_all_pdl(fn):  # noqa: ANN001, ANN202
-    """Run fn with every kvtax.pdl launch forced on (CPU tensors: it would be off), with
-    the dependents let go first thing and (kvtax.pdl.LATE) at the end."""
+    """Run fn with every kvtax.pdl launch forced on (CPU tensors: it would be off)."""
     from kvtax import pdl
 
-    saved = pdl.enabled, pdl.LATE
+    saved = pdl.enabled
     pdl.enabled = lambda kind, t, interpreting: True
     try:
-        fn()
-        pdl.LATE = pdl.ALL_KINDS
         return fn()
     finally:
-        pdl.enabled, pdl.LATE = saved
-
-
-def _with_gemv_first(fn):  # noqa: ANN001, ANN202
-    """Run fn with the GEMVs waiting after their first W tile in every launch."""
-    from kvtax.models import gemv as gm
-
-    saved = gm.PDL_FIRST
-    gm.PDL_FIRST = 1
-    try:
-        return fn()
-    finally:
-        gm.PDL_FIRST = saved
+        pdl.enabled = saved
 
 
 def _resources(kernel) -> str:

@@ -14,7 +14,8 @@ after), down (residual add after), lm_head (final RMSNorm before). Arms, side by
 Each call is captured in a CUDA graph and replayed; a 256 MiB write flushes L2 before
 each replay; median of --reps replays with p20/p80 (kvtax.harness.bench.gpu_timer, as for
 attention.py). Per cell: µs, TB/s of the bytes the fused layer must move (weights + x + output [+ residual, norm weight]) and the
-fraction of a streaming-read ceiling measured in the same run (readceiling.py), and the
+fraction of a streaming-read ceiling measured in the same run
+(kvtax.harness.bench.read_ceiling), and the
 max abs error against gemv_reference (float32), checked before timing.
 
     python benchmarks/gemv.py --out runs/gemv
@@ -42,11 +43,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from kvtax.harness.bench.gpu_timer import Timer, git_commit as _git_commit  # noqa: E402
 
-from kvtax.models.gemv import GemvConfig, default_config, gemv, gemv_reference  # noqa: E402
+from kvtax.models.gemv import NUM_WARPS, GemvConfig, default_config, gemv, gemv_reference  # noqa: E402
 
 # name: (N rows of W, K, fusion); gate_up's W holds gate and up (2 x 14336 rows)
 SHAPES = {
@@ -86,21 +85,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def sweep_configs(n_out: int, k: int, rows: int, silu: bool, dry: bool) -> list[GemvConfig]:
-    """Around the default: block_n x split_k, then block_k x num_warps, then num_stages.
-    Configs whose fp32 tiles cannot fit in registers (> 256 per thread) are left out."""
+    """Around the default: block_n x split_k, then block_k x fold. Configs whose fp32
+    tiles cannot fit in registers (> 256 per thread) are left out."""
     base = default_config(n_out, k, rows=rows, silu_mul=silu)
     if dry:
         return [GemvConfig(16, 32, 2)]
     tiles = rows * (2 if silu else 1)
-    out = [GemvConfig(bn, base.block_k, s, base.num_warps, base.num_stages)
+    out = [GemvConfig(bn, base.block_k, s, base.fold)
            for bn in (4, 8, 16, 32) for s in (1, 2, 4, 8)]
-    out += [GemvConfig(base.block_n, bk, base.split_k, w, base.num_stages)
-            for bk in (256, 512, 1024) for w in (4, 8)]
-    out += [GemvConfig(base.block_n, base.block_k, base.split_k, base.num_warps, st)
-            for st in (2, 3, 4)]
+    out += [GemvConfig(base.block_n, bk, base.split_k, f)
+            for bk in (256, 512, 1024, 2048) for f in (1, 4)]
     keep = []
     for c in dict.fromkeys(out):
-        if c != base and c.block_n * c.block_k * tiles <= 256 * 32 * c.num_warps:
+        if c != base and c.block_n * c.block_k // c.fold * tiles <= 256 * 32 * NUM_WARPS:
             keep.append(c)
     return keep
 
@@ -129,8 +126,8 @@ def build_arm(arm: str, fusion: str, x, w, g, r, dry: bool):
 
 
 def _untag(tag: str) -> list[str]:
-    """'n16-k512-s2-w4-st1' -> ['16', '512', '2', '4', '1'] (GemvConfig.tag's inverse)."""
-    return [part.lstrip("nkswt") for part in tag.split("-")]
+    """'n16-k512-s2-f4' -> ['16', '512', '2', '4'] (GemvConfig.tag's inverse)."""
+    return [part.lstrip("nksf") for part in tag.split("-")]
 
 
 def run_shape(name, args, timer, ceiling, t0):
@@ -260,7 +257,7 @@ def main(argv=None) -> list[dict]:
     if dry:
         ceiling, ceiling_rows = float("nan"), []
     else:
-        from readceiling import read_ceiling
+        from kvtax.harness.bench.read_ceiling import read_ceiling
 
         ceiling, ceiling_rows = read_ceiling(timer)
     config["read_ceiling_tbps"], config["read_ceiling_kernels"] = ceiling, ceiling_rows

@@ -165,14 +165,66 @@ def _dynamo_counters() -> dict:
     return out
 
 
-def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:
-    row: dict = {
-        "arm": arm,
-        "mode": mode,
-        "context": args.context,
-        "new_tokens": args.new_tokens,
-        "batch": args.batch,
-    }
+def _generate_kwargs(ids: torch.Tensor, mode: str, args, device: torch.device) -> dict:  # noqa: ANN001
+    """model.generate's keywords for one row: greedy, exactly --new-tokens, compiled or not."""
+    kwargs: dict = dict(attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
+                        min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
+    if mode.startswith("compiled"):
+        cc = transformers.CompileConfig(mode=mode.split(":", 1)[1], fullgraph=False)
+        cc._compile_all_devices = device.type != "cuda"  # CPU compiles only when asked
+        kwargs["compile_config"] = cc
+    else:
+        kwargs["disable_compile"] = True
+    return kwargs
+
+
+def _warm_then_measure(model, cache, ids, kwargs: dict, n_tokens: tuple[int, int],  # noqa: ANN001
+                       device: torch.device):  # noqa: ANN202
+    """generate twice on the same cache (warm-up, then measured: compiled graphs and CUDA
+    graphs keep its storage addresses); (token times s, wall s, output ids, warnings,
+    the measured run's PhaseClock)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n_new in n_tokens:
+            # Peaks are taken above the weights, so storage a reset keeps still counts, as
+            # does a dynamic cache's regrowth.
+            cache.reset()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            clock = PhaseClock(device)
+            clock.marks.append(clock.mark())
+            wall = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate(
+                    ids,
+                    logits_processor=LogitsProcessorList([clock]),
+                    **{cache_kwarg(model): cache},
+                    **dict(kwargs, max_new_tokens=n_new, min_new_tokens=n_new),
+                )
+            times = clock.seconds()
+            wall = time.perf_counter() - wall
+    return times, wall, out, caught, clock
+
+
+def _timing_fields(times: list[float], batch: int) -> dict:
+    """TTFT, decode tokens/s and ms per token (median, p20, p80, every step) of one run."""
+    steps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    return dict(
+        ttft_s=times[0],
+        decode_tok_s=batch * len(steps) / (times[-1] - times[0]) if steps else None,
+        ms_per_token_median=1e3 * statistics.median(steps) if steps else None,
+        ms_per_token_p20=1e3 * _quantile(steps, 0.2) if steps else None,
+        ms_per_token_p80=1e3 * _quantile(steps, 0.8) if steps else None,
+        step_ms=[round(1e3 * x, 3) for x in steps],  # spikes and drifts show here
+    )
+
+
+def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:  # noqa: ANN001
+    """One (arm, mode) row: a cache of the arm's kind, a warm-up generate, then the
+    measured one; status "ok" with its timings, or why not (oom, error, skipped)."""
+    row: dict = {"arm": arm, "mode": mode, "context": args.context,
+                 "new_tokens": args.new_tokens, "batch": args.batch}
     max_len = args.context + args.new_tokens + 1  # +1: a deferred stop check runs one extra step
     if mode.startswith("compiled"):
         from torch._dynamo.utils import counters
@@ -186,22 +238,9 @@ def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:
         row["status"] = cache
         return row
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
-    ids = torch.randint(3, model.config.vocab_size, (args.batch, args.context), generator=gen).to(
-        device
-    )
-    kwargs: dict = dict(
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=args.new_tokens,
-        min_new_tokens=args.new_tokens,
-        do_sample=False,
-        pad_token_id=0,
-    )
-    if mode.startswith("compiled"):
-        cc = transformers.CompileConfig(mode=mode.split(":", 1)[1], fullgraph=False)
-        cc._compile_all_devices = device.type != "cuda"  # CPU compiles only when asked
-        kwargs["compile_config"] = cc
-    else:
-        kwargs["disable_compile"] = True
+    shape = (args.batch, args.context)
+    ids = torch.randint(3, model.config.vocab_size, shape, generator=gen).to(device)
+    kwargs = _generate_kwargs(ids, mode, args, device)
     # The warm-up compiles and JITs; its length does not change the graphs, but it needs a
     # few decode steps: dynamo recompiles once when a size first changes between steps.
     warmup_tokens = min(args.new_tokens, max(4, args.warmup_tokens or args.new_tokens))
@@ -210,38 +249,11 @@ def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:
     if installed:
         kh.install(model)
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _attempt in ("warmup", "measure"):
-                # The same cache object both times: compiled graphs and CUDA graphs keep its
-                # storage addresses. Peaks are taken above `base`, so storage a reset keeps
-                # still counts, as does a dynamic cache's regrowth.
-                cache.reset()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                clock = PhaseClock(device)
-                clock.marks.append(clock.mark())
-                n_new = args.new_tokens if _attempt == "measure" else warmup_tokens
-                wall = time.perf_counter()
-                with torch.no_grad():
-                    out = model.generate(
-                        ids,
-                        logits_processor=LogitsProcessorList([clock]),
-                        **{cache_kwarg(model): cache},
-                        **dict(kwargs, max_new_tokens=n_new, min_new_tokens=n_new),
-                    )
-                times = clock.seconds()
-                wall = time.perf_counter() - wall
-        steps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        times, wall, out, caught, clock = _warm_then_measure(
+            model, cache, ids, kwargs, (warmup_tokens, args.new_tokens), device)
         row.update(
             status="ok",
-            ttft_s=times[0],
-            decode_tok_s=args.batch * len(steps) / (times[-1] - times[0]) if steps else None,
-            ms_per_token_median=1e3 * statistics.median(steps) if steps else None,
-            ms_per_token_p20=1e3 * _quantile(steps, 0.2) if steps else None,
-            ms_per_token_p80=1e3 * _quantile(steps, 0.8) if steps else None,
-            step_ms=[round(1e3 * x, 3) for x in steps],  # spikes and drifts show here
+            **_timing_fields(times, args.batch),
             dynamo=_dynamo_counters() if mode.startswith("compiled") else None,
             generated=int(out.shape[1] - ids.shape[1]),
             wall_s=wall,
@@ -254,11 +266,8 @@ def run_row(model, arm: str, mode: str, args, device: torch.device) -> dict:
     except torch.cuda.OutOfMemoryError as exc:
         row.update(status="oom", error=str(exc).splitlines()[0][:300])
     except Exception as exc:  # one failing arm must not lose the others
-        row.update(
-            status=f"error: {type(exc).__name__}",
-            error=str(exc)[:300],
-            traceback=traceback.format_exc()[-2000:],
-        )
+        row.update(status=f"error: {type(exc).__name__}", error=str(exc)[:300],
+                   traceback=traceback.format_exc()[-2000:])
     finally:
         if installed:
             kh.uninstall(model)

@@ -32,7 +32,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from readceiling import _stream_read_kernel  # noqa: E402
+from kvtax.harness.bench.read_ceiling import stream_read_kernel as _stream_read_kernel  # noqa: E402
 from kvtax.harness.bench.gpu_timer import Timer, git_commit  # noqa: E402
 
 # Llama-3.1-8B bf16 weight bytes per decode step, in launch order within a layer

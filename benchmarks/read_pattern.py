@@ -159,7 +159,7 @@ def main() -> int:
         p.error("needs a CUDA device (it times a GPU kernel)")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kvtax.harness.bench.gpu_timer import Timer
-    from readceiling import read_ceiling
+    from kvtax.harness.bench.read_ceiling import read_ceiling
 
     timer = Timer(args.reps, dry=False, flush="read")
     ceiling, _ = read_ceiling(timer)

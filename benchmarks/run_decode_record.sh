@@ -10,7 +10,8 @@
 #
 # OUT_JSON (default runs/decode-record.json) gets the rows and run metadata (command, GPU,
 # versions, commit, read rates). Extra arguments go to decode.py: `--profile 2` adds the
-# step's critical path by kernel role, `--variants ";pdl.on=0"` times PDL off beside it.
+# step's critical path by kernel role, `--variants ";o.block_k=1024"` times a GEMV launch
+# override beside the defaults. PDL off: run again with KVTAX_PDL=0 in the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/decode-record.json}

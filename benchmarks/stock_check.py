@@ -43,14 +43,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from decode import (  # noqa: E402  (the same cache fill, timing and metadata as decode.py)
-    _DTYPES, _device_name, _metadata, _quantile, _time_steps, fill_random, parse_contexts)
-from kvtax.attention.baselines import ATTENTION_PATHS, attention_sdpa_folded  # noqa: E402
-from kvtax.harness.bench.cells import decode_sdpa_backend  # noqa: E402
-from kvtax.harness.bench.hooks import use_attention, use_sdpa_backend  # noqa: E402
-from kvtax.attention.varlen import attention_sdpa_varlen  # noqa: E402
-from kvtax.models import Runner, get_config, load_model  # noqa: E402
+from kvtax.attention.baselines import ATTENTION_PATHS, attention_sdpa_folded
+from kvtax.attention.varlen import attention_sdpa_varlen
+from kvtax.cli.validate import parse_contexts
+from kvtax.harness.bench.cells import decode_sdpa_backend
+from kvtax.harness.bench.decode_timing import (  # the same fill, timing, metadata as decode.py
+    DTYPES, device_name, fill_random, quantile, run_metadata, time_steps)
+from kvtax.harness.bench.hooks import use_attention, use_sdpa_backend
+from kvtax.models import Runner, get_config, load_model
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=24, help="timed decode steps (default 24)")
     p.add_argument("--warmup", type=int, default=4, help="untimed steps first (default 4)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weight dtype (default bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every arm's step before capture (slow to start)")
@@ -146,10 +146,10 @@ def run_arm(model, arm: Arm, ctx: int, args: argparse.Namespace) -> dict:  # noq
             tok = logits.argmax(-1, keepdim=True)
             for _ in range(args.warmup):
                 tok = step(tok)
-            times = _time_steps(step, tok, args.tokens, args.max_cell_seconds)
+            times = time_steps(step, tok, args.tokens, args.max_cell_seconds)
             graph = graph and runner.graph_disabled_reason is None
         return {"logits": logits, "kv_bytes": kv_bytes, "ms_median": statistics.median(times),
-                "ms_p20": _quantile(times, 0.2), "ms_p80": _quantile(times, 0.8),
+                "ms_p20": quantile(times, 0.2), "ms_p80": quantile(times, 0.8),
                 "steps": len(times), "cuda_graph": graph, "sdpa_backend": backend,
                 "graph_off_reason": runner.graph_disabled_reason}
     finally:
@@ -181,18 +181,18 @@ def check(row: dict, logits: torch.Tensor, ref: torch.Tensor | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dev = torch.device(args.device)
-    dtype = _DTYPES[args.dtype or ("bf16" if dev.type == "cuda" else "fp32")]
+    dtype = DTYPES[args.dtype or ("bf16" if dev.type == "cuda" else "fp32")]
     cfg = get_config(args.config)
     t_start = time.perf_counter()
     model = load_model(cfg, dtype=dtype, device=dev, seed=0)
-    print(f"# {cfg.name} ({dtype}) on {_device_name(dev)}, torch {torch.__version__}",
+    print(f"# {cfg.name} ({dtype}) on {device_name(dev)}, torch {torch.__version__}",
           file=sys.stderr)
     rows, refs = [], {}
     for ctx, name in plan(args.arms, parse_contexts(args.contexts)):
         arm = ARMS[name]
         row = {"arm": name, "path": arm.path, "kv": arm.kv, "context": ctx,
                "sdpa_pinned": arm.backend, "config": cfg.name, "dtype": str(dtype),
-               "device": _device_name(dev), "compiled": bool(args.compile and arm.graph)}
+               "device": device_name(dev), "compiled": bool(args.compile and arm.graph)}
         if args.budget_s is not None and time.perf_counter() - t_start > args.budget_s:
             row.update(status="skipped", error=f"past --budget-s {args.budget_s:g}")
         else:
@@ -225,7 +225,7 @@ def _write(args: argparse.Namespace, dev: torch.device, dtype: torch.dtype,
            rows: list[dict]) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps({"meta": _metadata(args, dev, dtype, 0.0), "rows": rows},
+    tmp.write_text(json.dumps({"meta": run_metadata(args, dev, dtype, 0.0), "rows": rows},
                               indent=1))
     tmp.replace(args.out)
 

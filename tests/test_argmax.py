@@ -95,7 +95,7 @@ def test_greedy_decode_step_feeds_itself() -> None:
     token buffer and moves pos / length on, so three calls in a row give the tokens of
     three logits steps with an argmax between them."""
     from kvtax.models import Runner, load_model
-    from kvtax.models.runner import decode_step_fn
+    from kvtax.models.decode_graph import decode_step_fn
 
     model = load_model("tiny", device=DEVICE, seed=3)
     runner = Runner(model, kv="int8", cuda_graph=False)

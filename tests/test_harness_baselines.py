@@ -19,7 +19,7 @@ from kvtax.attention.baselines import ATTENTION_PATHS, attention_sdpa_folded, sd
 from kvtax.harness.bench.hooks import use_attention, use_sdpa_backend
 from kvtax.attention.masks import capacity_mask
 from kvtax.models import Runner, load_model
-from kvtax.models.runner import _clear_unwritten, _graph_blocker, decode_step_fn
+from kvtax.models.decode_graph import clear_unwritten, decode_step_fn, graph_blocker
 from tests.helpers import assert_close, rand_kv
 from tests.models_env import one_thread  # noqa: F401  (autouse)
 
@@ -114,16 +114,16 @@ def test_graph_blocker_lets_presized_baselines_through(path):
     model, _, caches, _ = _prefilled("tiny", kv, 20, capacity=40)
     _, _, growable, _ = _prefilled("tiny", kv, 20, capacity=None)
     with use_attention(model, ATTENTION_PATHS[path]):
-        assert _graph_blocker(model, caches) is None
-        assert "may grow" in _graph_blocker(model, growable)
+        assert graph_blocker(model, caches) is None
+        assert "may grow" in graph_blocker(model, growable)
     with use_attention(model, lambda q, view, **kw: ATTENTION_PATHS[path](q, view, **kw)):
-        assert "reads the cache length on the host" in _graph_blocker(model, caches)
+        assert "reads the cache length on the host" in graph_blocker(model, caches)
 
 
 def test_graph_blocker_refuses_the_fp16_path_over_a_quantized_cache():
     model, _, caches, _ = _prefilled("tiny", "int8", 20, capacity=40)
     with use_attention(model, ATTENTION_PATHS["fp16"]):
-        assert "needs an unquantized cache" in _graph_blocker(model, caches)
+        assert "needs an unquantized cache" in graph_blocker(model, caches)
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-gemma3"])
@@ -140,7 +140,7 @@ def test_captured_decode_step_equals_eager_decode(name, path):
     pos, length = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.int32)
     tok = logits.argmax(-1, keepdim=True)
     with use_attention(model, ATTENTION_PATHS[path]), torch.inference_mode():
-        _clear_unwritten(model, captured)
+        clear_unwritten(model, captured)
         step = decode_step_fn(model, captured, tokens, pos, length)
         for i in range(steps):
             want = runner.decode_step(tok, eager)
@@ -165,7 +165,7 @@ def test_clear_unwritten_keeps_nan_storage_out_of_the_masked_read():
     q = torch.randn(1, 4, 1, view.head_dim)
     assert torch.isnan(ATTENTION_PATHS["dequant"](q, _captured(view))).all()
     with use_attention(model, ATTENTION_PATHS["dequant"]):
-        _clear_unwritten(model, caches)
+        clear_unwritten(model, caches)
     out = ATTENTION_PATHS["dequant"](q, _captured(caches[0].view()))
     assert_close(out, ATTENTION_PATHS["dequant"](q, view), atol=1e-5, rel_rms=1e-5)
 
@@ -243,7 +243,7 @@ def test_cuda_graph_decode_with_a_baseline_equals_eager(name, path, backend, com
             # (on CPU in bf16 the two forms differ by up to 1.2e-2 rel RMS, 1.4e-2 max abs)
             assert_close(got, want, atol=6e-2, rel_rms=3e-2, what=f"step {i}")
             tok = want.argmax(-1, keepdim=True)
-    assert graph._graph is not None and graph.graph_disabled_reason is None
+    assert graph.graph_captured(greedy=False) and graph.graph_disabled_reason is None
 
 
 def test_varlen_arm_is_sdpa_eagerly_and_says_why_it_cannot_be_captured_on_cpu():

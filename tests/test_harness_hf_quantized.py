@@ -143,33 +143,6 @@ def test_budget_skips_and_breaker_then_resume_completes(tmp_path, monkeypatch):
     assert len(env["previous"]) == 1
 
 
-def test_hf_decode_budget_row_and_jsonl(tmp_path, capsys):
-    """A row the budget cannot fit says so; every row is in rows.jsonl as it completes."""
-    import importlib.util as iu
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "hf_decode.py"
-    spec = iu.spec_from_file_location("hf_decode_budget", path)
-    bench = iu.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    out = tmp_path / "run"
-    rows = bench.main(["--device", "cpu", "--config", "tiny", "--context", "24",
-                       "--new-tokens", "3", "--arms", "dynamic,kvtax-int8", "--modes", "eager",
-                       "--warmup-tokens", "2", "--budget-s", "1e-9", "--out", str(out)])
-    assert [r["status"].split(":")[0] for r in rows] == ["skipped", "skipped"]
-    lines = (out / "rows.jsonl").read_text().splitlines()
-    assert [json.loads(x)["arm"] for x in lines] == ["dynamic", "kvtax-int8"]
-    rows = bench.main(["--device", "cpu", "--config", "tiny", "--context", "24",
-                       "--new-tokens", "3", "--arms", "dynamic", "--modes", "eager",
-                       "--warmup-tokens", "2", "--out", str(out)])
-    assert rows[0]["status"] == "ok" and rows[0]["warmup_tokens"] == 3  # min(new, max(4, 2))
-    assert rows[0]["generated"] == 3
-    assert len((out / "rows.jsonl").read_text().splitlines()) == 1  # a new run starts fresh
-    capsys.readouterr()
-    bench.main(["--table", str(out / "rows.jsonl")])
-    assert "| dynamic | eager | ok |" in capsys.readouterr().out
-
-
 @pytest.mark.parametrize("bits", [2, 4])
 def test_torch_unpack_fallback_matches_quanto_layout(bits):
     """The no-nvcc fallback unpacks like quanto: value i of byte j lands at row i*n + j."""

@@ -1,45 +1,27 @@
-"""Smoke test of benchmarks/hf_decode.py: a toy model on the CPU (the H200 run is the lead's)."""
+"""Smoke test of benchmarks/hf_decode.py run as a script: a toy model on the CPU."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import torch
 
 from kvtax.formats import KVSpec
 from kvtax.hf.models import tiny_config
+from tests.models_env import run_benchmark
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "hf_decode.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("hf_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+ARMS = ("dynamic", "kvtax-int8", "kvtax-int4", "quanto-int4")
 
 
-def test_tiny_cpu_run_writes_rows_and_table(tmp_path, capsys) -> None:
-    bench = _load()
+def test_tiny_cpu_run_writes_rows_and_table(tmp_path) -> None:
     out = tmp_path / "run"
-    rows = bench.main(
-        [
-            "--device",
-            "cpu",
-            "--config",
-            "tiny",
-            "--context",
-            "64",
-            "--new-tokens",
-            "4",
-            "--out",
-            str(out),
-        ]
-    )
+    run = run_benchmark("hf_decode.py", "--device", "cpu", "--config", "tiny", "--context",
+                        "64", "--new-tokens", "4", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    saved = json.loads((out / "rows.json").read_text())
+    rows = saved["rows"]
     by = {(r["arm"], r["mode"]): r for r in rows}
-    assert set(by) == {(a, m) for a in bench.ARMS for m in ("eager", "static")}
+    assert set(by) == {(a, m) for a in ARMS for m in ("eager", "static")}
     for arm in ("dynamic", "kvtax-int8", "kvtax-int4"):
         for mode in ("eager", "static"):
             r = by[arm, mode]
@@ -60,8 +42,28 @@ def test_tiny_cpu_run_writes_rows_and_table(tmp_path, capsys) -> None:
         want = per * slots * cfg.num_key_value_heads * cfg.num_hidden_layers
         assert by[f"kvtax-{kv}", "static"]["cache_bytes"] == want
 
-    saved = json.loads((out / "rows.json").read_text())
-    assert len(saved["rows"]) == len(rows) and saved["environment"]["torch"] == torch.__version__
+    assert saved["environment"]["torch"] == torch.__version__
     table = (out / "table.md").read_text().strip()
-    assert capsys.readouterr().out.strip().endswith(table)
+    assert run.stdout.strip().endswith(table)
     assert table.count("\n") == len(rows) + 1  # header, rule, one line per row
+
+
+def test_budget_skips_rows_and_every_row_lands_in_jsonl(tmp_path) -> None:
+    """A row the budget cannot fit says so; every row is in rows.jsonl as it completes; a
+    new run starts the file afresh; --table prints a killed run's rows."""
+    out = tmp_path / "run"
+    common = ("--device", "cpu", "--config", "tiny", "--context", "24", "--new-tokens", "3",
+              "--modes", "eager", "--warmup-tokens", "2", "--out", str(out))
+    run = run_benchmark("hf_decode.py", *common, "--arms", "dynamic,kvtax-int8",
+                        "--budget-s", "1e-9")
+    assert run.returncode == 0, run.stderr
+    rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+    assert [r["arm"] for r in rows] == ["dynamic", "kvtax-int8"]
+    assert [r["status"].split(":")[0] for r in rows] == ["skipped", "skipped"]
+    run = run_benchmark("hf_decode.py", *common, "--arms", "dynamic")
+    assert run.returncode == 0, run.stderr
+    (row,) = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+    assert row["status"] == "ok" and row["warmup_tokens"] == 3  # min(new, max(4, 2))
+    assert row["generated"] == 3
+    table = run_benchmark("hf_decode.py", "--table", str(out / "rows.jsonl"))
+    assert "| dynamic | eager | ok |" in table.stdout

@@ -1,36 +1,31 @@
-"""benchmarks/hf_profile.py on a toy model on the CPU (the H200 run is the lead's), and the
-sampled mask-pattern probe the kvtax mask function runs every eager step."""
+"""benchmarks/hf_profile.py run as a script on a toy model on the CPU, and the sampled
+mask-pattern probe the kvtax mask function runs every eager step."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 import torch
 from transformers import masking_utils as mu
 
 from kvtax.hf.attention import _check_pattern, _probe_keys
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "hf_profile.py"
+from tests.models_env import run_benchmark
 
 
 def test_tiny_cpu_profile_writes_a_summary(tmp_path) -> None:
-    spec = importlib.util.spec_from_file_location("hf_profile", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    rows = bench.main(["--device", "cpu", "--config", "tiny", "--context", "40",
-                       "--compile-mode", "none", "--warmup-steps", "1", "--steps", "3",
-                       "--out", str(tmp_path)])
+    run = run_benchmark("hf_profile.py", "--device", "cpu", "--config", "tiny", "--context",
+                        "40", "--compile-mode", "none", "--warmup-steps", "1", "--steps", "3",
+                        "--out", str(tmp_path))
+    assert run.returncode == 0, run.stderr
+    rows = json.loads((tmp_path / "summary.json").read_text())["rows"]
     assert [r["arm"] for r in rows] == ["static", "kvtax-int8"]
     for r in rows:
         assert "error" not in r, r.get("traceback")
         assert r["steps"] == 3 and r["host_ms_per_step"] > 0
     text = (tmp_path / "summary.txt").read_text()
     assert "## static" in text and "## kvtax-int8" in text and "top CUDA kernels" in text
-    saved = json.loads((tmp_path / "summary.json").read_text())
-    assert len(saved["rows"]) == 2
+    assert len(rows) == 2
 
 
 @pytest.mark.parametrize("offset", [0, 5000, 40000, None], ids=["o0", "o5k", "o40k", "device"])

@@ -22,17 +22,14 @@ def test_pdl_is_off_on_cpu_and_names_unknown_families() -> None:
         pdl.enabled("attn", x, interpreting=False)
 
 
-def test_pdl_launch_follows_kinds(monkeypatch) -> None:
-    """Where PDL is built (enabled), every family gets its trigger / wait code (PDL=True)
-    and only the families in KINDS the launch attribute."""
+def test_pdl_launch_options_when_built(monkeypatch) -> None:
+    """Where PDL is built (enabled), every family gets its trigger / wait code (PDL), the
+    early launch and its dependents let go first thing (no PDL_LATE)."""
     monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
-    monkeypatch.setattr(pdl, "KINDS", pdl.ALL_KINDS - {"attention"})
     x = torch.zeros(1)
-    monkeypatch.setattr(pdl, "LATE", frozenset({"reduce"}))
-    assert pdl.launch_options("attention", x, False) == {
-        "PDL": True, "PDL_LATE": False, "launch_pdl": False}
-    assert pdl.launch_options("reduce", x, False) == {
-        "PDL": True, "PDL_LATE": True, "launch_pdl": True}
+    for kind in sorted(pdl.FAMILIES):
+        assert pdl.launch_options(kind, x, False) == {
+            "PDL": True, "PDL_LATE": False, "launch_pdl": True}
 
 
 @pytest.mark.parametrize("spec, launch, late", [("int4", True, False), ("int8", False, True),
@@ -41,8 +38,7 @@ def test_decode_attention_asks_for_its_measured_placement(spec, launch, late, mo
     """The decode configs' PDL placement (docs/BENCHMARKS.md): int4's
     full Gluon grid launches early and lets the reduce go first thing (a grid short of
     every SM launches normally); int8 (swap, 8 per SM)
-    and bf16 (decode_warp) launch normally and let it go at their end. KINDS / LATE still
-    override: outside KINDS no early launch, in LATE always late."""
+    and bf16 (decode_warp) launch normally and let it go at their end."""
     monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
     cache = ke.FullCache(spec, capacity=4096)
     k = torch.randn(1, 2, 40, 128, dtype=torch.bfloat16)
@@ -60,28 +56,16 @@ def test_decode_attention_asks_for_its_measured_placement(spec, launch, late, mo
     if spec == "int4":  # a smaller grid launches normally (it would land unevenly)
         small = ta.swap_decode_config(q, view)
         assert small.num_splits < cfg.num_splits and not small.pdl_launch
-    monkeypatch.setattr(pdl, "KINDS", pdl.ALL_KINDS - {"attention"})
-    monkeypatch.setattr(pdl, "LATE", frozenset({"attention"}))
-    assert ta._pdl("attention", q, cfg) == {"PDL": True, "PDL_LATE": True, "launch_pdl": False}
 
 
-@pytest.mark.parametrize("mode, plain, rope, residual", [
-    (0, False, False, False), (1, True, True, True), (2, True, False, True),
-    (3, False, False, True), (4, False, True, True)])
-def test_gemv_wait_placement_per_launch(mode, plain, rope, residual, monkeypatch) -> None:
-    """gemv.PDL_FIRST: 0 waits first thing everywhere, 1 after the first W tile
-    everywhere, 2 after it except in the RoPE launch (qkv, at its register cap), 3 only in
-    the residual launches (o, down), 4 in those and the RoPE launch (qkv); a mode outside
-    these is refused."""
-    from kvtax.errors import OptionError
+def test_gemv_wait_placement_per_launch(monkeypatch) -> None:
+    """The GEMVs wait after their first W tile in the residual (o, down) and RoPE (qkv)
+    launches, first thing in the others (gate/up, lm_head); nothing when PDL is off."""
     from kvtax.models import gemv as gm
 
-    monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
-    monkeypatch.setattr(gm, "PDL_FIRST", mode)
     x = torch.zeros(1)
-    assert gm._pdl(x)["PDL_FIRST"] is plain
-    assert gm._pdl(x, rope=True)["PDL_FIRST"] is rope
-    assert gm._pdl(x, residual=True)["PDL_FIRST"] is residual
-    monkeypatch.setattr(gm, "PDL_FIRST", 5)
-    with pytest.raises(OptionError, match="PDL_FIRST=5"):
-        gm._pdl(x)
+    assert gm._pdl(x, rope=True, residual=True) == {}  # CPU: off
+    monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
+    assert gm._pdl(x) == {"PDL": True, "PDL_FIRST": False, "launch_pdl": True}
+    assert gm._pdl(x, rope=True)["PDL_FIRST"] is True
+    assert gm._pdl(x, residual=True)["PDL_FIRST"] is True

@@ -221,5 +221,5 @@ def test_greedy_graph_feeds_itself_and_mixes_with_logits_steps(kv: str) -> None:
         else:
             tok = runner.decode_greedy(tok, caches)
         got.append(tok.item())
-    assert runner._greedy is not None and runner._graph is not None
+    assert runner.graph_captured(greedy=True) and runner.graph_captured(greedy=False)
     assert got == want

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from kvtax.cli import main
-from tests.models_env import one_thread  # noqa: F401  (autouse)
+from kvtax.harness.bench.step_profile import critical_path
+from tests.models_env import one_thread, run_benchmark  # noqa: F401  (one_thread: autouse)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,69 +58,70 @@ def test_generate_chat_needs_a_template(capsys) -> None:
     assert "has no chat template" in capsys.readouterr().err
 
 
-def test_decode_benchmark_smoke(tmp_path, capsys) -> None:
-    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
-    bench = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(bench)
+def _decode_bench(*args: str) -> subprocess.CompletedProcess:
+    return run_benchmark("decode.py", *args)
+
+
+def test_decode_benchmark_smoke(tmp_path) -> None:
     out = tmp_path / "run" / "decode.json"
-    assert bench.main(["--device", "cpu", "--config", "tiny", "--contexts", "64,128",
-                       "--tokens", "3", "--warmup", "1", "--bw-mib", "32", "--out", str(out)]) == 0
+    run = _decode_bench("--device", "cpu", "--config", "tiny", "--contexts", "64,128",
+                        "--tokens", "3", "--warmup", "1", "--bw-mib", "32", "--out", str(out),
+                        "--variants", ";step.greedy=0")
+    assert run.returncode == 0, run.stderr
     data = json.loads(out.read_text())
     rows = data["rows"]
-    assert [(r["context"], r["kv"]) for r in rows] == [
-        (c, kv) for c in (64, 128) for kv in ("fp16", "int8", "int4")]
+    assert [(r["context"], r["kv"], r["step"]) for r in rows] == [
+        (c, kv, step) for c in (64, 128) for kv in ("fp16", "int8", "int4")
+        for step in ("greedy", "logits")]
     for r in rows:
         assert "error" not in r, r
         assert r["steps"] == 3 and r["ms_median"] > 0 and r["roofline_ms"] > 0
-    fp16, int4 = rows[3], rows[5]  # context 128
+    fp16, int4 = rows[6], rows[10]  # context 128
     assert int4["kv_bytes"] < fp16["kv_bytes"] / 3  # 4-bit codes plus group scales
     assert data["meta"]["read_bw_Bps"] > 0
-    assert "| 128 | int4 |" in capsys.readouterr().out
+    assert "| 128 | int4 | step.greedy=0 |" in run.stdout
 
 
 def test_decode_benchmark_fills_sliding_layers_past_one_chunk(tmp_path) -> None:
     """Gemma 3's sliding layers have rings sized for the runner's chunk: the cache fill
     must append in chunks no longer than it (it used 8192 and failed every cell past 2048
     tokens on the H200)."""
-    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)  # type: ignore[union-attr]
     out = tmp_path / "decode.json"
-    assert bench.main(["--device", "cpu", "--config", "tiny-gemma3", "--contexts", "2100",
-                       "--kv", "int8", "--tokens", "2", "--warmup", "1", "--bw-mib", "32",
-                       "--out", str(out)]) == 0
+    run = _decode_bench("--device", "cpu", "--config", "tiny-gemma3", "--contexts", "2100",
+                        "--kv", "int8", "--tokens", "2", "--warmup", "1", "--bw-mib", "32",
+                        "--out", str(out))
+    assert run.returncode == 0, run.stderr
     (row,) = json.loads(out.read_text())["rows"]
     assert "error" not in row, row
     assert row["steps"] == 2
 
 
-def test_decode_benchmark_parses_contexts() -> None:
-    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)  # type: ignore[union-attr]
-    assert bench.parse_contexts("4k, 128k,100") == [4096, 131072, 100]
-    with pytest.raises(ValueError):
-        bench.parse_contexts("lots")
+@pytest.mark.parametrize("args, message", [
+    (("--contexts", "lots"), "contexts are token counts"),
+    (("--variants", "o.bogus=1"), "GEMV override o"),
+    (("--variants", "step.greedy=2"), "step.greedy=0 or =1"),
+    (("--variants", "attn.per_sm=6", "--compile", "on"), "uncompiled"),
+])
+def test_decode_benchmark_refuses_bad_input(args, message) -> None:
+    run = _decode_bench("--device", "cpu", "--config", "tiny", *args)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
-def test_decode_benchmark_critical_path_charges_overlap_once() -> None:
+def test_step_profile_critical_path_charges_overlap_once() -> None:
     """critical_path: overlapping kernels (PDL) are charged only the time they move the
-    end of the work done so far; gaps go to idle; a gap over 50 µs starts a new step."""
-    spec = importlib.util.spec_from_file_location("decode_bench", ROOT / "benchmarks" / "decode.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)  # type: ignore[union-attr]
-    step = [("_gemv_kernel", 0.0, 10.0),                 # qkv
+    end of the work done so far; gaps go to idle; a gap over 50 µs starts a new step.
+    Kernel names match with or without a leading underscore."""
+    step = [("gemv_kernel", 0.0, 10.0),                 # qkv
             ("_quantize_store_kernel", 5.0, 12.0),      # overlaps qkv: charged 2
-            ("_decode_swap_gluon_kernel", 11.0, 30.0),  # charged 18
+            ("decode_swap_gluon_kernel", 11.0, 30.0),   # charged 18
             ("_decode_attn_reduce_kernel", 31.0, 33.0),  # 1 idle before, charged 2
-            ("_gemv_kernel", 20.0, 40.0),               # o, launched early: charged 7
-            ("_gemv_kernel", 40.0, 41.0),               # gate_up
-            ("_gemv_kernel", 41.0, 45.0),               # down
-            ("_gemv_kernel", 45.0, 50.0),               # lm_head
+            ("_gemv_kernel", 20.0, 40.0),              # o, launched early: charged 7
+            ("gemv_kernel", 40.0, 41.0),               # gate_up
+            ("gemv_kernel", 41.0, 45.0),               # down
+            ("gemv_kernel", 45.0, 50.0),               # lm_head
             ("triton_poi_fused_argmax", 50.0, 50.5)]
     later = [(n, a + 1000.0, b + 1000.0) for n, a, b in step]
-    got = bench.critical_path(step + later, 2, layers=1)
+    got = critical_path(step + later, 2, layers=1)
     assert got == {"attention": 18.0, "qkv": 10.0, "o": 7.0, "lm_head": 5.0, "down": 4.0,
                    "store": 2.0, "attention reduce": 2.0, "gate_up": 1.0, "idle": 1.0,
                    "other": 0.5}

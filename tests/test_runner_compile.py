@@ -10,7 +10,8 @@ import torch
 from kvtax.cli import main
 from kvtax.errors import OptionError
 from kvtax.models import load_model
-from kvtax.models.runner import Runner, decode_step_fn
+from kvtax.models.decode_graph import decode_step_fn
+from kvtax.models.runner import Runner
 
 
 @pytest.mark.parametrize("kv", ["int8", "fp16", "int8+hk+ck"])

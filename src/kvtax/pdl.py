@@ -7,17 +7,16 @@ start while the one before it still runs, once every program of that one has exe
 `griddepcontrol.launch_dependents`; it must then execute `griddepcontrol.wait` before it
 touches memory the kernels before it write. kvtax's decode-step kernels (the fused
 GEMVs, the cache store, the decode attention kernels and their split-KV reduce) all wait
-first thing and trigger first thing (or, for the families in LATE, at their end), when
+first thing and trigger first thing (or, where a launch config says so, at their end), when
 built with their PDL constexprs: the boundary's launch latency overlaps the previous
 kernel's tail, and every kernel still sees everything before it finished (a kernel's
 wait returns once the previous kernel has completed, and that one waited for its own
 predecessor first, so the order is transitive).
 
-`USE_PDL` (environment `KVTAX_PDL=0` turns it off) and `KINDS` (which kernel families
-are launched with PDL; benchmarks/variants.py switches them one at a time) are read at
-each launch. A family outside KINDS still triggers its dependents and waits (a no-op
-when it was not launched with PDL): it starts only once the kernel before it finished,
-on an idle GPU, while the kernel after it may still start early.
+`USE_PDL` (environment `KVTAX_PDL=0` turns it off) is read at each launch. Every family
+in FAMILIES is launched with PDL and lets its dependents launch first thing; a decode
+attention kernel's own launch config may instead launch normally or let go at its end
+(kvtax.attention's swap/warp decode configs: the placement measured best per grid).
 """
 
 from __future__ import annotations
@@ -28,11 +27,8 @@ from functools import lru_cache
 import torch
 
 USE_PDL = os.environ.get("KVTAX_PDL", "1").strip().lower() not in ("0", "off", "false")
-# the kernel families launched with PDL when USE_PDL holds
-ALL_KINDS = frozenset({"gemv", "store", "attention", "reduce"})
-KINDS: frozenset[str] = ALL_KINDS
-# the families that let the next kernel launch at their end rather than first thing
-LATE: frozenset[str] = frozenset()
+# the kernel families of a decode step, all launched with PDL when USE_PDL holds
+FAMILIES = frozenset({"gemv", "store", "attention", "reduce"})
 
 
 @lru_cache(maxsize=None)
@@ -43,8 +39,8 @@ def _sm90(index: int) -> bool:
 def enabled(kind: str, t: torch.Tensor, interpreting: bool) -> bool:
     """Whether a kernel of family `kind` on `t`'s device builds its PDL code (trigger and
     wait): USE_PDL, a compiled (not interpreted) kernel on an sm_90+ CUDA device."""
-    if kind not in ALL_KINDS:
-        raise ValueError(f"unknown PDL kernel family {kind!r} (one of {sorted(ALL_KINDS)})")
+    if kind not in FAMILIES:
+        raise ValueError(f"unknown PDL kernel family {kind!r} (one of {sorted(FAMILIES)})")
     if not (USE_PDL and t.is_cuda) or interpreting:
         return False
     return _sm90(t.device.index if t.device.index is not None else torch.cuda.current_device())
@@ -52,7 +48,8 @@ def enabled(kind: str, t: torch.Tensor, interpreting: bool) -> bool:
 
 def launch_options(kind: str, t: torch.Tensor, interpreting: bool) -> dict:
     """The launch keywords of a kernel whose PDL constexprs are named `PDL`, `PDL_LATE`:
-    {} when off; launch_pdl only for the families in KINDS, PDL_LATE for those in LATE."""
+    {} when off, else PDL and launch_pdl on and PDL_LATE off (the dependents launch first
+    thing; a launcher may narrow these, as the decode attention configs do)."""
     if not enabled(kind, t, interpreting):
         return {}
-    return {"PDL": True, "PDL_LATE": kind in LATE, "launch_pdl": kind in KINDS}
+    return {"PDL": True, "PDL_LATE": False, "launch_pdl": True}

@@ -7,10 +7,12 @@
     >>> logits = runner.prefill(ids, caches)            # ids [B, T] → [B, vocab]
     >>> logits = runner.decode_step(next_ids, caches)   # [B, 1] → [B, vocab]
     >>> next_ids = runner.decode_greedy(next_ids, caches)  # [B, 1] → [B, 1], one replay
+    >>> Runner(model, launch=DecodeLaunch.parse("o.block_n=2"))  # an experiment's launches
 """
 
 from kvtax.models.config import CONFIG_NAMES, ModelConfig, get_config
 from kvtax.models.decoder import DecoderModel
+from kvtax.models.launch import DecodeLaunch
 from kvtax.models.loading import (
     CheckpointError,
     hf_name_map,
@@ -27,6 +29,7 @@ __all__ = [
     "CONFIG_NAMES",
     "ByteTokenizer",
     "CheckpointError",
+    "DecodeLaunch",
     "DecoderModel",
     "GenerationResult",
     "ModelConfig",

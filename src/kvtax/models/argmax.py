@@ -32,10 +32,10 @@ _KERNEL_MODULE = "kvtax.models.kernels.argmax"
 def _kernel() -> Any | None:
     """The Triton kernel, or None where Triton cannot be imported (a CPU-only install)."""
     try:
-        from kvtax.models.kernels.argmax import _argmax_kernel
+        from kvtax.models.kernels.argmax import argmax_kernel
     except ImportError:
         return None
-    return _argmax_kernel
+    return argmax_kernel
 
 
 def _interpreting() -> bool:

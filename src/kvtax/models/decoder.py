@@ -28,6 +28,7 @@ from kvtax.attention import attention
 from kvtax.cache import BaseCache
 from kvtax.errors import OptionError
 from kvtax.models.config import ModelConfig
+from kvtax.models.launch import DEFAULT, DecodeLaunch
 from kvtax.models.rope import apply_rope, inv_frequencies, rope_cos_sin
 
 
@@ -54,6 +55,8 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     """Grouped-query attention over a kvtax cache; q/k/v fused into one projection."""
+
+    launch: DecodeLaunch = DEFAULT  # set through DecoderModel.set_launch
 
     def __init__(self, cfg: ModelConfig, window: int | None) -> None:
         super().__init__()
@@ -121,7 +124,10 @@ class Attention(nn.Module):
             # captured graph serves every step; the host length is advanced by the runner.
             cache.write_at(k, v, write_pos)
             view = dataclasses.replace(cache.view(), length=cache.length + t, length_t=length_t)
-        out = self.attn_fn(q, view, scale=cfg.scale, softcap=cfg.attn_softcap)  # [B, Hq, T, D]
+        fn = self.attn_fn
+        if self.launch.attention and fn is attention:  # an experiment's forced launch
+            fn = self.launch.attend
+        out = fn(q, view, scale=cfg.scale, softcap=cfg.attn_softcap)  # [B, Hq, T, D]
         return out.transpose(1, 2).reshape(b, t, -1)
 
 
@@ -144,6 +150,7 @@ class Block(nn.Module):
     """Pre-norm residual block; Gemma adds post-norms on both branches (sandwich)."""
 
     fused_gemv = False  # set through DecoderModel.set_fused_gemv
+    launch: DecodeLaunch = DEFAULT  # set through DecoderModel.set_launch
 
     def __init__(self, cfg: ModelConfig, window: int | None) -> None:
         super().__init__()
@@ -161,10 +168,10 @@ class Block(nn.Module):
         """Whether `forward(x, ...)` runs the fused GEMV path (decode-sized x)."""
         return self.fused_gemv and _gemv_api().unsupported_reason(x, self.attn.wqkv.weight) is None
 
-    def forward(self, x, cos, sin, cache, write_pos, length_t, freqs=None):  # noqa: ANN001, ANN201
-        """freqs: (positions, inv_freq) the tables cos / sin were built from; the fused
-        qkv GEMV builds its own from them (no table kernels in a decode step; cos / sin
-        may then be None)."""
+    def forward(self, x, cos, sin, cache, write_pos, length_t, freqs):  # noqa: ANN001, ANN201
+        """freqs: (positions `[T]`, inv_freq fp32 `[D / 2]`) the tables cos / sin `[T, D]`
+        were built from; the fused qkv GEMV builds its own from them (no table kernels in
+        a decode step; cos / sin are then None)."""
         if self.fused(x):
             return self._forward_gemv(_gemv_api(), x, cos, sin, cache, write_pos, length_t,
                                       freqs)
@@ -173,7 +180,7 @@ class Block(nn.Module):
         h = self.mlp(self.ffn_norm(x))
         return x + (self.post_ffn_norm(h) if self.sandwich else h)
 
-    def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t, freqs=None):  # noqa: ANN001, ANN202
+    def _forward_gemv(self, gm, x, cos, sin, cache, write_pos, length_t, freqs):  # noqa: ANN001, ANN202
         """The decode step as four fused GEMVs (see `gemv_blocker` for the layers it takes).
         The qkv GEMV also rotates q and k (its RoPE epilogue: three elementwise launches
         fewer per layer) unless q/k norms (Qwen3, Gemma 3) must come first. Sandwich norms
@@ -181,22 +188,31 @@ class Block(nn.Module):
         add stays in torch after the norm."""
         attn, mlp = self.attn, self.mlp
         an, fn = self.attn_norm, self.ffn_norm
+        cfg = self.launch.gemv_config if self.launch.gemv else _no_config
         rope = None
         if attn.rope_in_gemv:
-            rows = attn.sizes[0] + attn.sizes[1]
-            rope = (*freqs, rows) if freqs is not None else (cos, sin, rows)
-        qkv = gm.gemv(x, attn.wqkv.weight, norm_weight=an.weight, eps=an.eps,
-                      norm_offset=an.offset, bias=attn.wqkv.bias, rope=rope)
+            rope = (*freqs, attn.sizes[0] + attn.sizes[1])
+        w = attn.wqkv.weight
+        qkv = gm.gemv(x, w, norm_weight=an.weight, eps=an.eps, norm_offset=an.offset,
+                      bias=attn.wqkv.bias, rope=rope, config=cfg("qkv", x, w))
         a = attn.attend(qkv, cos, sin, cache, write_pos, length_t, rotated=rope is not None)
+        w = attn.wo.weight
         if self.sandwich:
-            x = x + self.post_attn_norm(gm.gemv(a, attn.wo.weight))
+            x = x + self.post_attn_norm(gm.gemv(a, w, config=cfg("o", a, w)))
         else:
-            x = gm.gemv(a, attn.wo.weight, residual=x)
-        h = gm.gemv(x, mlp.w13.weight, norm_weight=fn.weight, eps=fn.eps, norm_offset=fn.offset,
-                    silu_mul=True, gelu=mlp.gelu)
+            x = gm.gemv(a, w, residual=x, config=cfg("o", a, w))
+        w = mlp.w13.weight
+        h = gm.gemv(x, w, norm_weight=fn.weight, eps=fn.eps, norm_offset=fn.offset,
+                    silu_mul=True, gelu=mlp.gelu, config=cfg("gate_up", x, w, True))
+        w = mlp.w2.weight
         if self.sandwich:
-            return x + self.post_ffn_norm(gm.gemv(h, mlp.w2.weight))
-        return gm.gemv(h, mlp.w2.weight, residual=x)
+            return x + self.post_ffn_norm(gm.gemv(h, w, config=cfg("down", h, w)))
+        return gm.gemv(h, w, residual=x, config=cfg("down", h, w))
+
+
+def _no_config(*_args: object) -> None:
+    """No launch override (gemv's default config)."""
+    return None
 
 
 def _gemv_api():  # noqa: ANN202
@@ -252,13 +268,9 @@ class DecoderModel(nn.Module):
         self.inv_freq_local = inv_frequencies(cfg.head_dim, local_theta).to(dev)
 
     fused_gemv = False  # see set_fused_gemv
-    # the fused qkv GEMV builds its RoPE tables from the positions (no table kernels in a
-    # decode step; False: it reads the tables built once per step, as unfused layers do).
-    # H200, Llama-3.1-8B at 32k, ms per token, positions / tables (the
-    # qkv tile held across the PDL wait): int4 4.265 / 4.261, int8 4.519 / 4.522, bf16
-    # 4.937 / 4.957; 227 launches per step instead of 235. (Without the held tile, call 2,
-    # the positions lost: int4 4.286 / 4.267.)
-    rope_freqs = True
+    # The fused qkv GEMV builds its RoPE tables from the positions: no table kernels in a
+    # decode step (227 launches instead of 235). H200, Llama-3.1-8B at 32k, ms per token,
+    # positions / tables read: int4 4.265 / 4.261, int8 4.519 / 4.522, bf16 4.937 / 4.957.
 
     def set_fused_gemv(self, on: bool = True) -> None:
         """Route decode-sized steps (B·T <= 4 rows, CUDA, fp16/bf16/fp32) through the fused
@@ -272,6 +284,15 @@ class DecoderModel(nn.Module):
         self.fused_gemv = bool(on)
         for layer in self.layers:
             layer.fused_gemv = bool(on)
+
+    launch: DecodeLaunch = DEFAULT  # see set_launch
+
+    def set_launch(self, launch: DecodeLaunch | None = None) -> None:
+        """Launch the decode step's GEMVs and decode attention with `launch`'s overrides
+        (an experiment's; None: the shipped heuristics)."""
+        self.launch = launch or DEFAULT
+        for layer in self.layers:
+            layer.launch = layer.attn.launch = self.launch
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -300,8 +321,7 @@ class DecoderModel(nn.Module):
         if cfg.embed_scale:
             x = x * torch.tensor(math.sqrt(cfg.hidden_size), dtype=x.dtype)
         # tables only where a layer reads them: not when every qkv GEMV builds its own
-        tables = not (self.rope_freqs and all(
-            layer.attn.rope_in_gemv and layer.fused(x) for layer in self.layers))
+        tables = not all(layer.attn.rope_in_gemv and layer.fused(x) for layer in self.layers)
         rope = rope_cos_sin(positions, self.inv_freq, x.dtype) if tables else (None, None)
         rope_local = rope_cos_sin(positions, self.inv_freq_local, x.dtype) if tables and any(
             self.local_rope
@@ -309,14 +329,15 @@ class DecoderModel(nn.Module):
         for layer, cache, local in zip(self.layers, caches, self.local_rope):
             cos, sin = rope_local if local else rope
             inv = (self.inv_freq_local if local else self.inv_freq).float()  # as rope_cos_sin
-            x = layer(x, cos, sin, cache, write_pos, length_t,
-                      freqs=(positions, inv) if self.rope_freqs else None)
+            x = layer(x, cos, sin, cache, write_pos, length_t, freqs=(positions, inv))
         if last_only:
             x = x[:, -1:]
         gm = _gemv_api() if self.fused_gemv else None
         if gm is not None and gm.unsupported_reason(x, self.head_weight) is None:
             logits = gm.gemv(x, self.head_weight, norm_weight=self.norm.weight, eps=self.norm.eps,
-                             norm_offset=self.norm.offset)
+                             norm_offset=self.norm.offset,
+                             config=self.launch.gemv_config("lm_head", x, self.head_weight)
+                             if self.launch.gemv else None)
         else:
             logits = F.linear(self.norm(x), self.head_weight)
         if cfg.final_softcap:

@@ -26,44 +26,40 @@ import triton
 
 from kvtax import pdl
 from kvtax.errors import OptionError, ShapeError
-from kvtax.models.kernels.gemv import _gemv_kernel, _gemv_reduce_kernel
+from kvtax.models.kernels.gemv import gemv_kernel, gemv_reduce_kernel
 from kvtax.models.rope import apply_rope, rope_cos_sin
 
 MAX_ROWS = 4  # decode batch; the kernel keeps one fp32 tile per input row in registers
 MAX_SPLIT_K = 16
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+NUM_WARPS = 4  # per program, every launch (the register budget of default_config)
 H200_SMS = 132  # the default's target when no CUDA device is visible (interpreter, meta)
 ROPE_MAXNREG = 80  # register cap of the one-row RoPE launch (see _gemv)
 POISON_WORKSPACE = False  # tests: NaN-fill the split-K workspace so an unwritten partial shows
-# programmatic dependent launch of the main kernel: kvtax.pdl (KVTAX_PDL=0 turns it off)
-# where the main kernel waits under PDL: 0 first thing; 1 after issuing its first W tile
-# in every launch; 2 in every launch but the RoPE one (qkv); 3 only in the residual
-# launches (o, down); 4 (default) in those and the RoPE launch, not gate/up or lm_head.
-# The held tile stays in W's dtype until after the wait (Triton 3.6, sm_90: qkv 92
-# registers, run capped at 80 so its 768 programs fit one wave; gate/up 120 instead of 80,
-# 4 programs per SM instead of 6). Llama-3.1-8B on the H200, ms per token:
-# (tile held as fp32, 32k, modes 0 / 3 / 2) int4 4.483 / 4.465 / 4.574
-# (32k, modes 4 / 3 / 1 / 2) int4 4.254 / 4.286 / 4.263 / 4.301, int8 4.517 / 4.542, bf16
-# 4.939 / 4.956; call 3 (32k-128k, 4 vs 3): 0 to -0.4% in every cell
-PDL_FIRST = 4
-PDL_FIRST_MODES = (0, 1, 2, 3, 4)
+# Programmatic dependent launch of the main kernel: kvtax.pdl (KVTAX_PDL=0 turns it off).
+# The residual launches (o, down) and the RoPE launch (qkv) wait after issuing their
+# first W tile, the others (gate/up, lm_head) first thing: held across the wait, gate/up's
+# tile costs 120 registers instead of 80 (4 programs per SM instead of 6; Triton 3.6,
+# sm_90). Llama-3.1-8B on the H200 at 32k, ms per token, waits placed so / only in o and
+# down / everywhere / everywhere but qkv: int4 4.254 / 4.286 / 4.263 / 4.301; at 32k-128k
+# 0 to -0.4% against o and down only in every cell (docs/BENCHMARKS.md).
 
 
 @dataclasses.dataclass(frozen=True)
 class GemvConfig:
     """Launch of `gemv`: W tile `[block_n, block_k]` per loop step, `split_k` programs per
-    block of `block_n` rows (each a contiguous K slice), Triton's num_warps / num_stages.
-    block_n and block_k are powers of two."""
+    block of `block_n` rows (each a contiguous K slice), products summed in groups of
+    `fold` columns each step (the kernel's FOLD). block_n, block_k and fold are powers of
+    two. Every launch runs NUM_WARPS warps in one stage (default_config's register
+    budget assumes them)."""
 
     block_n: int = 16
     block_k: int = 512
     split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 1
-    fold: int = 1  # products summed in groups of `fold` columns each step (kernel FOLD)
+    fold: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("block_n", "block_k", "num_warps", "fold"):
+        for name in ("block_n", "block_k", "fold"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise OptionError(f"GemvConfig.{name}={v} must be a power of two")
@@ -71,13 +67,11 @@ class GemvConfig:
             raise OptionError(f"GemvConfig.split_k={self.split_k} must be in 1..{MAX_SPLIT_K}")
         if self.fold > self.block_k:
             raise OptionError(f"GemvConfig.fold={self.fold} must be <= block_k={self.block_k}")
-        if self.num_stages < 1:
-            raise OptionError(f"GemvConfig.num_stages={self.num_stages} must be >= 1")
 
     @property
     def tag(self) -> str:
-        return (f"n{self.block_n}-k{self.block_k}-s{self.split_k}-w{self.num_warps}"
-                f"-st{self.num_stages}" + (f"-f{self.fold}" if self.fold > 1 else ""))
+        return (f"n{self.block_n}-k{self.block_k}-s{self.split_k}"
+                + (f"-f{self.fold}" if self.fold > 1 else ""))
 
 
 @lru_cache(maxsize=256)
@@ -107,10 +101,9 @@ def default_config(
     (whole 8 KiB rows: gate/up 69.6 µs; down 2 x 4096: 4.400 ms) and folding alone (more
     programs per SM, same tiles: 4.541 ms at fold 8) measured slower.
     """
-    num_warps = 4
     block_k = min(1024 // elem_bytes, triton.next_power_of_2(k))
     tiles = rows * (2 if silu_mul else 1)
-    budget = 32 * 32 * num_warps  # fp32 accumulator elements per program
+    budget = 32 * 32 * NUM_WARPS  # fp32 accumulator elements per program
     block_n = max(1, min(budget // (block_k * tiles), triton.next_power_of_2(n), 8))
     block_n = 1 << int(math.log2(block_n))
     blocks = triton.cdiv(n, block_n)
@@ -131,24 +124,21 @@ def default_config(
     max_split = min(MAX_SPLIT_K, triton.cdiv(k, block_k))
     while blocks * split_k < num_sms and split_k * 2 <= max_split:
         split_k *= 2
-    return GemvConfig(block_n, block_k, split_k, num_warps, 1, fold)
+    return GemvConfig(block_n, block_k, split_k, fold)
 
 
 def _interpreting() -> bool:
     """True when Triton's interpreter built the kernel (then it also runs on CPU tensors)."""
-    return type(_gemv_kernel).__name__ == "InterpretedFunction"
+    return type(gemv_kernel).__name__ == "InterpretedFunction"
 
 
 def _pdl(x: torch.Tensor, rope: bool = False, residual: bool = False) -> dict:
-    """The main kernel's programmatic dependent launch keywords (kvtax.pdl; {}: off);
-    PDL_FIRST from the module's mode for a launch with or without the RoPE epilogue /
-    the residual epilogue."""
-    if PDL_FIRST not in PDL_FIRST_MODES:
-        raise OptionError(f"gemv.PDL_FIRST={PDL_FIRST!r} must be one of {PDL_FIRST_MODES}")
-    opts = pdl.launch_options("gemv", x, _interpreting())
-    first = (PDL_FIRST == 1 or (PDL_FIRST == 2 and not rope)
-             or (PDL_FIRST == 3 and residual) or (PDL_FIRST == 4 and (residual or rope)))
-    return {**opts, "PDL_FIRST": first} if opts else {}
+    """The main kernel's programmatic dependent launch keywords (kvtax.pdl; {}: off) for a
+    launch with or without the RoPE / the residual epilogue: PDL_FIRST (the wait after
+    the first W tile) in those two, not in the others."""
+    if not pdl.enabled("gemv", x, _interpreting()):
+        return {}
+    return {"PDL": True, "PDL_FIRST": rope or residual, "launch_pdl": True}
 
 
 def runs_on(device: torch.device) -> bool:
@@ -160,6 +150,15 @@ def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return H200_SMS
+
+
+def default_config_for(x: torch.Tensor, w: torch.Tensor, *, silu_mul: bool = False) -> GemvConfig:
+    """The `default_config` that gemv(x, w, silu_mul=...) launches with (x `[..., K]`, w
+    `[N, K]`; before RoPE narrows it): the base an experiment's overrides replace fields of."""
+    k = x.shape[-1]
+    n = w.shape[0] // 2 if silu_mul else w.shape[0]
+    return default_config(n, k, rows=x.numel() // k, silu_mul=silu_mul,
+                          elem_bytes=w.element_size(), num_sms=_num_sms(x.device))
 
 
 def _out_shape(x: torch.Tensor, w: torch.Tensor, silu_mul: bool) -> tuple[int, ...]:
@@ -365,7 +364,7 @@ def gemv(
     if reason is not None:
         raise ShapeError(f"gemv cannot run: {reason}")
     cfg = None if config is None else (config.block_n, config.block_k, config.split_k,
-                                       config.num_warps, config.num_stages, config.fold)
+                                       config.fold)
     if torch.compiler.is_compiling():
         cos, sin, rot = rope if rope is not None else (None, None, 0)
         y = _gemv_op(x, w, norm_weight, float(eps), norm_offset, bias, residual, silu_mul,
@@ -411,7 +410,7 @@ def _gemv(
     n_rows = w.shape[0] if split else n  # with split-K the main kernel sees gate/up as rows
     g = norm_weight.contiguous() if norm_weight is not None else x2
     b = bias.contiguous() if bias is not None else x2  # placeholders are never read
-    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    opts = dict(num_warps=NUM_WARPS, num_stages=1)
     opts.update(_pdl(x, rope is not None, residual is not None))
     if (rope is not None and config is None and rows == 1 and x.is_cuda
             and cfg.block_n * cfg.block_k <= 8 * 512):
@@ -430,7 +429,7 @@ def _gemv(
         rope_args = (cos, sin, cos.stride(0), cos.shape[0], rot)  # freqs: stride unread
     else:
         rope_args = (x2, x2, 0, 1, 0)  # placeholders, never read
-    _gemv_kernel[(triton.cdiv(n_rows, cfg.block_n), splits)](
+    gemv_kernel[(triton.cdiv(n_rows, cfg.block_n), splits)](
         x2, w, g, b, r2, y2, ws, ss,
         n_rows, k, k_per, x2.stride(0), w.stride(0), r2.stride(0), y2.stride(0), float(eps),
         *rope_args, ROPE=rope is not None, HEAD_DIM=_rope_head_dim(rope) if rope else 0,
@@ -443,7 +442,7 @@ def _gemv(
     )
     if split:
         block = min(1024, triton.next_power_of_2(n))
-        _gemv_reduce_kernel[(triton.cdiv(n, block), rows)](
+        gemv_reduce_kernel[(triton.cdiv(n, block), rows)](
             ws, ss, b, r2, y2, n, n_rows, k, splits, r2.stride(0), y2.stride(0), float(eps),
             ROWS=rows, NORM=norm_weight is not None, BIAS=bias is not None,
             RESIDUAL=residual is not None,

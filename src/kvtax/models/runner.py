@@ -12,7 +12,8 @@ function that reads `view.length_t` says so with `fn.graph_blocker(q, view)` (th
 harness's baselines: masked reads of the presized storage) and is captured like kvtax's.
 Greedy decode (`decode_greedy`, and `generate` at temperature 0) captures the argmax with
 the step: the graph writes the next token into its own input buffer and moves its
-position and lengths on, so a token costs one replay and nothing between.
+position and lengths on, so a token costs one replay and nothing between. The graph
+itself, and the check that capture is safe, live in kvtax.models.decode_graph.
 
     >>> runner = Runner(load_model("tiny"), kv="int8")
     >>> result = runner.generate(torch.tensor([[1, 2, 3]]), 32)
@@ -21,8 +22,6 @@ position and lengths on, so a token costs one replay and nothing between.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import resource
 import sys
 import time
@@ -32,13 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kvtax.attention import attention
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.errors import CapacityError, OptionError
 from kvtax.formats import KVSpec, default_kv, fit_head_dim
 from kvtax.formats.spec import centering_conflict
 from kvtax.models import argmax
+from kvtax.models.decode_graph import DecodeGraph, clear_unwritten, graph_blocker
 from kvtax.models.decoder import DecoderModel, gemv_blocker
+from kvtax.models.launch import DecodeLaunch
 from kvtax.models.sampling import sample
 
 
@@ -85,6 +85,9 @@ class Runner:
                 SiLU·up and residual adds fused (`DecoderModel.set_fused_gemv`, which
                 this sets on the model). None → on for CUDA models whose architecture
                 they cover (`gemv_blocker`), True forces (OptionError where not), False off.
+    launch:     an experiment's launch overrides of the decode step's GEMVs and decode
+                attention (kvtax.models.launch.DecodeLaunch, set on the model); None:
+                the shipped heuristics.
     """
 
     def __init__(
@@ -98,9 +101,13 @@ class Runner:
         overrides: dict[int, str | KVSpec] | None = None,
         compile: bool | str = False,
         fused_gemv: bool | None = None,
+        launch: DecodeLaunch | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if compile and launch is not None and launch.attention:
+            raise OptionError("attention launch overrides call the kernels directly: they "
+                              "cannot be compiled (compile=False)")
         self.model = model
         softcap = model.config.attn_softcap
         hd = model.config.head_dim
@@ -137,10 +144,11 @@ class Runner:
                                   "Triton interpreter)")
         # one place sets the model's switch; OptionError for architectures it does not cover
         model.set_fused_gemv(fused_gemv)
+        model.set_launch(launch)
         self.fused_gemv = fused_gemv
         self.graph_disabled_reason: str | None = None
-        self._graph: _DecodeGraph | None = None  # decode_step's (logits out)
-        self._greedy: _DecodeGraph | None = None  # decode_greedy's (next token out)
+        self._graph: DecodeGraph | None = None  # decode_step's (logits out)
+        self._greedy: DecodeGraph | None = None  # decode_greedy's (next token out)
         self._blocked: tuple | None = None
 
     def make_caches(self, capacity: int | None = None) -> list[BaseCache]:
@@ -204,6 +212,10 @@ class Runner:
             return self._greedy.step_greedy(tok, caches[0].length, caches)  # type: ignore[union-attr]
         return sample(self.decode_step(tok, caches))
 
+    def graph_captured(self, greedy: bool = True) -> bool:
+        """Whether a decode graph is held: decode_greedy's (`greedy`) or decode_step's."""
+        return (self._greedy if greedy else self._graph) is not None
+
     def release_graph(self) -> None:
         """Drop the captured decode graphs (and their memory pools) before building new
         caches."""
@@ -237,17 +249,14 @@ class Runner:
         gen = torch.Generator(device=self.device).manual_seed(seed)
         self.release_graph()
         caches = self.make_caches(capacity=ids.shape[1] + max_new_tokens)
-        cuda = self.device.type == "cuda"
-        if cuda:
+        if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        stream = on_token is not None or not ignore_eos
+        sampling = dict(temperature=temperature, top_p=top_p, generator=gen)
 
         t0 = _now(self.device)
-        logits = self.prefill(ids, caches)
-        tok = sample(logits, temperature=temperature, top_p=top_p, generator=gen)
+        tok = sample(self.prefill(ids, caches), **sampling)
         first = int(tok.item())
         t1 = _now(self.device)
-        out: list = [first]
         if on_token:
             on_token(first)
         stopped = not ignore_eos and first in eos
@@ -256,26 +265,13 @@ class Runner:
             # capture now: a one-time cost, kept out of decode rates
             self._graph_ok(caches, greedy=temperature == 0 and argmax.runs_on(self.device))
             t_capture = _now(self.device)
-        while not stopped and len(out) < max_new_tokens:
-            if temperature == 0:
-                tok = self.decode_greedy(tok, caches)
-            else:
-                logits = self.decode_step(tok, caches)
-                tok = sample(logits, temperature=temperature, top_p=top_p, generator=gen)
-            if stream:
-                t = int(tok.item())
-                out.append(t)
-                if on_token:
-                    on_token(t)
-                stopped = not ignore_eos and t in eos
-            else:
-                out.append(tok.clone())  # decode_greedy's graph reuses its token buffer
+        later, stopped = ([], stopped) if stopped else self._decode_loop(
+            tok, caches, max_new_tokens - 1, sampling, eos if not ignore_eos else None,
+            on_token)
         t2 = _now(self.device)
-        tokens = [first] + (torch.cat(out[1:]).view(-1).tolist() if not stream and len(out) > 1
-                            else out[1:])
-        n_dec, t_dec = len(tokens) - 1, t2 - t_capture
+        n_dec, t_dec = len(later), t2 - t_capture
         return GenerationResult(
-            tokens=tokens,
+            tokens=[first, *later],
             ttft_s=t1 - t0,
             prefill_tokens_per_s=ids.shape[1] / max(t1 - t0, 1e-9),
             decode_tokens_per_s=n_dec / t_dec if n_dec else 0.0,
@@ -289,6 +285,33 @@ class Runner:
             graph_capture_s=t_capture - t1,
         )
 
+    def _decode_loop(
+        self, tok: torch.Tensor, caches: list[BaseCache], budget: int, sampling: dict,
+        eos: set[int] | None, on_token: Callable[[int], None] | None,
+    ) -> tuple[list[int], bool]:
+        """Decode up to `budget` tokens after `tok` `[1, 1]`; (their ids, stopped on an id
+        in `eos`). Without `on_token` and `eos` the loop never waits for the GPU: the
+        tokens stay on the device until the end (benchmarking)."""
+        stream = on_token is not None or eos is not None
+        out: list = []
+        while len(out) < budget:
+            if sampling["temperature"] == 0:
+                tok = self.decode_greedy(tok, caches)
+            else:
+                tok = sample(self.decode_step(tok, caches), **sampling)
+            if not stream:
+                out.append(tok.clone())  # decode_greedy's graph reuses its token buffer
+                continue
+            t = int(tok.item())
+            out.append(t)
+            if on_token:
+                on_token(t)
+            if eos is not None and t in eos:
+                return out, True
+        if not stream and out:
+            out = torch.cat(out).view(-1).tolist()
+        return out, False
+
     # -- CUDA graph ---------------------------------------------------------------------
 
     def _graph_ok(self, caches: Sequence[BaseCache], greedy: bool = False) -> bool:
@@ -301,15 +324,15 @@ class Runner:
             self._blocked[1]() is caches[0]
         ):
             return False  # already found unsafe for this cache set: stay eager, stay quiet
-        reason = _graph_blocker(self.model, caches)
+        reason = graph_blocker(self.model, caches)
         if reason is not None:
             if reason != self.graph_disabled_reason:
                 print(f"kvtax: CUDA-graph decode off, running eagerly: {reason}", file=sys.stderr)
             self.graph_disabled_reason = reason
             self._blocked = (id(caches), weakref.ref(caches[0]))
             return False
-        _clear_unwritten(self.model, caches)
-        g = _DecodeGraph.capture(self.model, caches, compile=self.compile, greedy=greedy)
+        clear_unwritten(self.model, caches)
+        g = DecodeGraph.capture(self.model, caches, compile=self.compile, greedy=greedy)
         if greedy:
             self._greedy = g
         else:
@@ -339,180 +362,6 @@ class Runner:
         if ids.shape[1] == 0:
             raise ValueError("no tokens to run")
         return ids.to(device=self.device, dtype=torch.long)
-
-
-class _DecodeGraph:
-    """One captured decode step for one cache set: static tokens/pos/length → logits, or
-    (greedy) → the next tokens, written back into `tokens` with pos and length advanced."""
-
-    def __init__(self) -> None:
-        self.graph = torch.cuda.CUDAGraph()
-        self.key: tuple = ()
-        self.list_id = 0
-        self.first: weakref.ref | None = None
-        self.n: int | None = None  # greedy: the cache length pos / length stand for
-
-    @classmethod
-    def capture(
-        cls, model: DecoderModel, caches: Sequence[BaseCache], compile: bool | str = False,
-        greedy: bool = False,
-    ) -> "_DecodeGraph":
-        self = cls()
-        dev = model.embed.weight.device
-        batch = caches[0].store.batch  # type: ignore[union-attr]
-        n = caches[0].length
-        self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=dev)
-        self.pos = torch.full((1,), n, dtype=torch.long, device=dev)
-        self.length = torch.full((batch,), n + 1, dtype=torch.int32, device=dev)
-        step = decode_step_fn(model, caches, self.tokens, self.pos, self.length, compile,
-                              greedy=greedy)
-
-        # Warm-up on a side stream compiles kernels and sizes workspaces outside capture
-        # (the argmax's are per stream: the capture runs on the same one). It writes slot
-        # `n`, which the first real replay overwrites; for a ring that slot's previous
-        # token is already outside every future query's window.
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.pos.fill_(n)  # the greedy step moves them on
-                self.length.fill_(n + 1)
-                step()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        with torch.cuda.graph(self.graph, stream=side):
-            self.logits = step()
-        self.key = _cache_key(caches)
-        self.list_id, self.first = id(caches), weakref.ref(caches[0])
-        return self
-
-    def serves(self, caches: Sequence[BaseCache]) -> bool:
-        if self.first is not None and id(caches) == self.list_id and self.first() is caches[0]:
-            return True
-        return _cache_key(caches) == self.key
-
-    def step(self, tok: torch.Tensor, n: int, caches: Sequence[BaseCache]) -> torch.Tensor:
-        self.tokens.copy_(tok)
-        self.pos.fill_(n)
-        self.length.fill_(n + 1)
-        self.graph.replay()
-        for c in caches:
-            c.advance(1)
-        return self.logits.clone()
-
-    def step_greedy(self, tok: torch.Tensor, n: int, caches: Sequence[BaseCache]) -> torch.Tensor:
-        """Replay the greedy step at cache length `n`; returns `tokens` (the next ids). The
-        device counters are set from the host only when they do not already say `n`, and
-        `tok` is copied in only when it is not `tokens` itself."""
-        if tok.data_ptr() != self.tokens.data_ptr():
-            self.tokens.copy_(tok)
-        if self.n != n:
-            self.pos.fill_(n)
-            self.length.fill_(n + 1)
-        self.graph.replay()
-        for c in caches:
-            c.advance(1)
-        self.n = n + 1
-        return self.tokens
-
-
-def decode_step_fn(
-    model: DecoderModel,
-    caches: Sequence[BaseCache],
-    tokens: torch.Tensor,
-    pos: torch.Tensor,
-    length: torch.Tensor,
-    compile: bool | str = False,
-    greedy: bool = False,
-) -> Callable[[], torch.Tensor]:
-    """The decode step a graph captures: reads `tokens` `[B, 1]`, `pos` `[1]` (the slot to
-    write) and `length` int32 `[B]` (tokens after the write) from device tensors, writes
-    K/V at `pos`, returns logits `[B, vocab]` float32. Host cache lengths are not advanced.
-    greedy: instead the logits' argmax (kvtax.models.argmax) is written into `tokens`,
-    `pos` and `length` go up by one, and `tokens` is returned (one launch for all three).
-
-    compile: torch.compile the model call (True: inductor; a string names the backend).
-    Its guards are checked only while warming up and capturing, all at the same step, so
-    the compiled code is traced once; replays of the captured graph skip Python entirely.
-    """
-    layers = list(caches)
-    fwd: Callable = model
-    if compile:
-        backend = "inductor" if compile is True else compile
-        fwd = torch.compile(model, backend=backend, dynamic=False)
-
-    def step() -> torch.Tensor:
-        out = fwd(tokens, layers, pos, write_pos=pos, length_t=length)
-        if greedy:
-            return argmax.argmax_rows(out[:, -1], out=tokens, advance=(pos, length))
-        return out[:, -1].float()
-
-    return step
-
-
-def _cache_key(caches: Sequence[BaseCache]) -> tuple:
-    """Everything a captured graph baked in: storage addresses, ring geometry, formats."""
-    key = []
-    for c in caches:
-        s = c.store
-        if s is None:
-            return ()
-        ptrs = tuple(t.data_ptr() for t in s.k.parts() + s.v.parts())
-        key.append((type(c), c.spec, s.capacity, getattr(c, "ring", 0), getattr(c, "sinks", 0),
-                    s.batch, ptrs))
-    return tuple(key)
-
-
-def _graph_blocker(model: DecoderModel, caches: Sequence[BaseCache]) -> str | None:
-    """None when a decode step over `caches` can be captured safely, else why not."""
-    if any(c.store is None for c in caches):
-        return "the caches are empty (prefill first)"
-    if any(c.store.growable for c in caches):  # type: ignore[union-attr]
-        return ("a cache may grow (storage would move under the graph); make caches with "
-                "capacity = prompt + max new tokens")
-    for layer, c in zip(model.layers, caches):
-        view = c.view()
-        lens = torch.zeros(view.batch, dtype=torch.int32, device=view.device)
-        view = dataclasses.replace(view, length_t=lens)
-        q = torch.empty(view.batch, model.config.num_heads, 1, view.head_dim, dtype=view.dtype,
-                        device=view.device)
-        reason = _attention_blocker(layer.attn.attn_fn, q, view)
-        if reason is not None:
-            return reason
-    return None
-
-
-def _attention_blocker(fn: Callable, q: torch.Tensor, view: object) -> str | None:
-    """Why a captured step cannot call `fn(q, view)` with device lengths (None: it can).
-
-    kvtax's `attention` needs its Triton kernels (the reference reads the host length); a
-    swapped-in function (the harness's baselines) is graph-safe only where it says so with
-    `fn.graph_blocker(q, view) -> str | None`."""
-    if fn is not attention:
-        check = getattr(fn, "graph_blocker", None)
-        if check is None:
-            name = getattr(fn, "__name__", type(fn).__name__)
-            return f"the attention function {name} reads the cache length on the host"
-        return check(q, view)
-    try:
-        from kvtax.attention import triton_api
-    except ImportError as exc:
-        return f"the Triton kernels are unavailable ({exc}); the reference is not graph-safe"
-    if "lengths" not in inspect.signature(triton_api.triton_attention).parameters:
-        return "the Triton attention kernels take no device lengths"
-    reason = triton_api.unsupported_reason(q, view)
-    return None if reason is None else f"the kernels cannot serve a layer ({reason})"
-
-
-def _clear_unwritten(model: DecoderModel, caches: Sequence[BaseCache]) -> None:
-    """Zero the never-written slots of layers whose attention is not kvtax's: those (the
-    baselines) read every slot behind a mask, and `torch.empty` storage may hold NaN, which
-    a mask does not cancel (NaN · 0). Slots the graph writes later are overwritten then."""
-    for layer, c in zip(model.layers, caches):
-        if layer.attn.attn_fn is attention or c.store is None:
-            continue
-        held = c.view().num_slots
-        for t in c.store.k.parts() + c.store.v.parts():
-            t[:, :, held:].zero_()
 
 
 def _eos_set(given: int | Sequence[int] | None, default: Sequence[int]) -> set[int]:

@@ -22,7 +22,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _argmax_kernel(X, PartV, PartI, PartN, Count, Out, Pos, Len, V, CHUNK, stride_x, n_prog,
+def argmax_kernel(X, PartV, PartI, PartN, Count, Out, Pos, Len, V, CHUNK, stride_x, n_prog,
                    BLOCK: tl.constexpr, P_BLOCK: tl.constexpr, ADVANCE: tl.constexpr = False):
     """Grid (n_prog, B). X `[B, V]` float; PartV / PartI / PartN `[B, n_prog]` (max,
     its first index, first NaN index or V) float32 / int32 / int32; Count `[B]` int32,

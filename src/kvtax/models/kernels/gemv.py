@@ -24,16 +24,16 @@ after loading its first block). A program lets the next kernel launch at once an
 (PDL_FIRST=False) or after issuing its first W tile (PDL_FIRST: weights depend on
 nothing the step writes). The tile is held in W's own dtype and widened after the wait
 (as fp32 it cost qkv's RoPE launch 107 registers instead of 93, gate/up 143 instead of
-80; in W's dtype 92 and 120, Triton 3.6, sm_90). Which launches wait where is
-kvtax.models.gemv.PDL_FIRST's choice: qkv, o and down (docs/BENCHMARKS.md);
-gate/up, at 4 programs per SM instead of 6, slows the o GEMV beside it.
+80; in W's dtype 92 and 120, Triton 3.6, sm_90). kvtax.models.gemv picks PDL_FIRST for
+qkv, o and down (docs/BENCHMARKS.md); gate/up, at 4 programs per SM instead of 6,
+slows the o GEMV beside it.
 
 Fusions: NORM (RMSNorm prologue) is applied as a per-row scale after the loop:
 sum_k x·g·W · rsqrt(mean(x²) + eps), with mean(x²) accumulated from the same x loads,
 so no program reads x twice. BIAS, RESIDUAL and SILU_MUL (GELU: a GELU-tanh gate) are
 epilogues. With split-K the main
 kernel writes fp32 partial sums (and partial sums of x² for NORM) to a workspace, and
-`_gemv_reduce_kernel` adds them in a fixed order and applies the epilogues.
+`gemv_reduce_kernel` adds them in a fixed order and applies the epilogues.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def _epilogue(y, u, ss, row, o_n, m_n, B, R, Y, K, stride_rm, stride_ym, eps,
 
 
 @triton.jit
-def _gemv_kernel(
+def gemv_kernel(
     X, W, G, B, R, Y, WS, SS,
     N, K, K_PER, stride_xm, stride_wn, stride_rm, stride_ym, eps,
     CS, SN, stride_cs, n_pos, rope_rows,
@@ -165,7 +165,7 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 0, PDL: tl.constexpr = False,
-    PDL_FIRST: tl.constexpr = False, PDL_LATE: tl.constexpr = False, FOLD: tl.constexpr = 1,
+    PDL_FIRST: tl.constexpr = False, FOLD: tl.constexpr = 1,
     ROPE_FREQS: tl.constexpr = False,
 ):
     """Grid (cdiv(N, BLOCK_N), splits). X `[ROWS, K]`, W `[N (or 2N: SILU_MUL), K]` rows,
@@ -183,6 +183,9 @@ def _gemv_kernel(
     lane's own vector: no shuffles) before they join the accumulators, which are then
     `[BLOCK_N, BLOCK_K / FOLD]`, so a tile with long runs per W row (2 x 2048) fits the
     registers (kvtax.models.gemv.default_config).
+
+    Over 80 lines: the loop body and epilogues are unrolled by hand for up to four input
+    rows, each row's accumulators a separate named tile.
     """
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -199,8 +202,7 @@ def _gemv_kernel(
     p_w = W + o_w[:, None] * stride_wn  # [BLOCK_N, 1]
     p_u = W + (o_w + N)[:, None] * stride_wn  # up rows (SILU_MUL only)
     if PDL:  # (the pointer arithmetic above touches no memory: it overlaps the wait)
-        if not PDL_LATE:  # PDL_LATE: at the end (kvtax.pdl)
-            gdc_launch_dependents()
+        gdc_launch_dependents()
         if not PDL_FIRST:  # wait before any load (no W tile held across the wait)
             gdc_wait()
     acc0 = tl.zeros([BLOCK_N, BLOCK_K // FOLD], dtype=tl.float32)
@@ -282,13 +284,10 @@ def _gemv_kernel(
         _finish_row(acc3, up3, ss3, 3, pid_n, pid_s, o_n, m_n, B, R, Y, WS, SS, N, K, stride_rm,
                     stride_ym, eps, rope, ROWS, NORM, BIAS, RESIDUAL, SILU_MUL, GELU, SPLIT, ROPE,
                     ROPE_FREQS)
-    if PDL:
-        if PDL_LATE:
-            gdc_launch_dependents()
 
 
 @triton.jit
-def _gemv_reduce_kernel(
+def gemv_reduce_kernel(
     WS, SS, B, R, Y,
     N, N_WS, K, SPLITS, stride_rm, stride_ym, eps,
     ROWS: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,

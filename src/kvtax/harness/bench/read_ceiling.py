@@ -1,7 +1,8 @@
 """Streaming-read ceiling of this GPU: the best of a few read-only kernels.
 
 Each reads a 2 GiB fp16 buffer once and writes a negligible partial sum. The best
-achieved TB/s is the ceiling the attention benchmark's TB/s are compared against.
+achieved TB/s is the ceiling the attention, GEMV and decode benchmarks' TB/s and
+rooflines are compared against (benchmarks/attention.py, gemv.py, decode.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _stream_read_kernel(X, Out, n, BLOCK: tl.constexpr):
+def stream_read_kernel(X, Out, n, BLOCK: tl.constexpr):
     """Grid-stride read of X [n] fp16 (n a multiple of BLOCK); one partial per program."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
@@ -22,8 +23,9 @@ def _stream_read_kernel(X, Out, n, BLOCK: tl.constexpr):
     tl.store(Out + pid, tl.sum(acc, 0))
 
 
-def read_ceiling(timer, nbytes: int = 2 << 30) -> tuple[float, list[dict]]:
-    """(best TB/s, per-variant rows). `timer(fn) -> (median_ms, p20, p80)`."""
+def read_ceiling(timer, nbytes: int = 2 << 30) -> tuple[float, list[dict]]:  # noqa: ANN001
+    """(best TB/s, per-variant rows) over an `nbytes` buffer on CUDA device 0.
+    `timer(fn) -> (median_ms, p20, p80)` (kvtax.harness.bench.gpu_timer.Timer)."""
     x = torch.randn(nbytes // 2, device="cuda", dtype=torch.float16)
     n = x.numel()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -34,7 +36,7 @@ def read_ceiling(timer, nbytes: int = 2 << 30) -> tuple[float, list[dict]]:
         part = torch.empty(grid, device="cuda", dtype=torch.float32)
 
         def run(block=block, warps=warps, grid=grid, part=part):
-            _stream_read_kernel[(grid,)](x, part, n, BLOCK=block, num_warps=warps)
+            stream_read_kernel[(grid,)](x, part, n, BLOCK=block, num_warps=warps)
 
         variants.append((f"triton-read-b{block}-w{warps}-g{grid}", run))
     variants.append(("torch-sum", lambda: x.sum(dtype=torch.float32)))
