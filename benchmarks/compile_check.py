@@ -9,7 +9,9 @@ tests and benchmarks use, and reports each variant's registers and spills.
     python benchmarks/compile_check.py                       # the installed Triton
     PYTHONPATH=/tmp/t36 python benchmarks/compile_check.py   # e.g. Triton 3.6 unpacked there
 
-Exits 1 if any variant fails to compile.
+Exits 1 if any variant fails to compile. `--dump DIR` writes each compiled variant's PTX
+to DIR/<case>#<n>.ptx with kernel symbols and debug lines normalised, so two trees (before
+and after a refactor) can be compared with `diff -r`: a rename or a moved line is no change.
 """
 
 from __future__ import annotations
@@ -261,6 +263,25 @@ def _with_gemv_first(fn):  # noqa: ANN001, ANN202
         gm.PDL_FIRST = saved
 
 
+def _normalised_ptx(kernel, name: str) -> str:
+    """The kernel's PTX without what a pure refactor changes: its symbol name (and the
+    `_param_N` names built from it), source file / line directives and debug sections."""
+    import re
+
+    ptx = kernel.asm.get("ptx", "")
+    ptx = ptx.split(".section\t.debug", 1)[0].split(".section .debug", 1)[0]
+    lines = [ln for ln in ptx.splitlines()
+             if not ln.lstrip().startswith((".loc", ".file", "$L__func", "// -- Begin", "// -- End"))]
+    out = "\n".join(lines)
+    return re.sub(rf"\b{re.escape(name)}(?=\b|_param)", "KERNEL", out)
+
+
+def _dump_name(case: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", case).strip("_")
+
+
 def _resources(kernel) -> str:
     """Registers / spill stack / static shared memory of a compiled kernel (cuobjdump)."""
     import os
@@ -287,6 +308,8 @@ def main() -> int:
                    default=None)
     p.add_argument("--full", action="store_true", help="also the prefill path")
     p.add_argument("-v", action="store_true", help="print tracebacks")
+    p.add_argument("--dump", type=Path, default=None, metavar="DIR",
+                   help="write each case's normalised PTX to DIR/<case>#<n>.ptx")
     args = p.parse_args()
     _compile_only(args.arch)
     print(f"triton {triton.__version__}, target sm_{args.arch}")
@@ -324,7 +347,10 @@ def main() -> int:
             if args.v:
                 traceback.print_exc()
             continue
-        for kname, k in COMPILED:
+        for n, (kname, k) in enumerate(COMPILED):
+            if args.dump is not None:
+                args.dump.mkdir(parents=True, exist_ok=True)
+                (args.dump / f"{_dump_name(name)}#{n}.ptx").write_text(_normalised_ptx(k, kname))
             key = (kname, k.hash if hasattr(k, "hash") else id(k))
             if key in seen:
                 continue
