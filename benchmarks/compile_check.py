@@ -313,10 +313,10 @@ def main() -> int:
     args = p.parse_args()
     _compile_only(args.arch)
     print(f"triton {triton.__version__}, target sm_{args.arch}")
-    from kvtax.attention import triton_api as ta
+    from kvtax.attention import launch
 
-    checks = ta._unsupported
-    ta._unsupported = lambda q, view, allow_cpu: checks(q, view, True)  # CPU tensors
+    checks = launch.unsupported_reason
+    launch.unsupported_reason = lambda q, view, allow_cpu=False: checks(q, view, allow_cpu=True)
     from kvtax.formats import store_triton
 
     store_triton._interpreting = lambda: True  # let the store wrapper take CPU tensors

@@ -44,7 +44,7 @@ LATE_FIELDS = {f"{k}_late": v for k, v in PDL_FIELDS.items() if v}
 
 def parse(text: str) -> dict[str, dict[str, int]]:
     """`text` → {scope: {field: value}}; raises SystemExit naming a bad item."""
-    from kvtax.attention import triton_api as ta
+    from kvtax.attention import launch_table as ta
     from kvtax.models import gemv as gm
 
     gemv_fields = {f.name for f in dataclasses.fields(gm.GemvConfig)}
@@ -87,7 +87,8 @@ def greedy_step(text: str, default: bool = True) -> bool:
 def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
     """Run the body with the launch defaults of variant `text` ("" = the defaults)."""
     from kvtax import pdl as kp
-    from kvtax.attention import triton_api as ta
+    from kvtax.attention import launch_table as ta
+    from kvtax.attention import op
     from kvtax.models import gemv as gm
 
     spec = parse(text)
@@ -106,7 +107,7 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
         return lambda q, view, lengths=None, **kw: base(q, view, lengths,
                                                         **{**kw, **spec["attn"]})
 
-    ta._OP_CONFIGS.clear()  # launch configs cached per cache layout: decide them afresh
+    op.forget_launch_configs()  # launch configs cached per cache layout: decide them afresh
     try:
         if set(spec) - {"attn", "pdl", "step"}:
             gm.default_config = gemv_config
@@ -125,4 +126,4 @@ def apply(text: str, model) -> Iterator[None]:  # noqa: ANN001
         gm.default_config, ta.swap_decode_config, ta.warp_decode_config = saved
         kp.USE_PDL, kp.KINDS, kp.LATE, gm.PDL_FIRST = saved_pdl
         model.rope_freqs = saved_freqs
-        ta._OP_CONFIGS.clear()
+        op.forget_launch_configs()

@@ -13,7 +13,7 @@ import torch
 from tests import gemv_env  # noqa: F401  (kernels built interpreted, as the other tests see them)
 from tests.kernels_env import interpret_mode  # noqa: F401 (autouse fixture)
 
-from kvtax.attention import triton_api as ta  # noqa: E402
+from kvtax.attention import launch_table as ta  # noqa: E402
 from kvtax.models import get_config, load_model  # noqa: E402
 from kvtax.models import gemv as gm  # noqa: E402
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvtax.attention import attention, attention_blockwise, attention_naive
+from kvtax.attention import attention, attention_blockwise
+from kvtax.attention.reference import attention_naive
 from kvtax.cache import FullCache, SlidingCache
 from kvtax.errors import ShapeError
 from tests.helpers import assert_close, rand_kv

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from kvtax.attention import CacheView, attention
-from kvtax.attention.reference import check_query, rotate_query, unrotate_output
+from kvtax.attention.checks import check_query, rotate_query, unrotate_output
 from kvtax.formats import FloatFormat, QTensor
 from kvtax.attention.masks import capacity_mask, host_mask, storage_slots
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvtax.attention.reference import online_step, visible
+from kvtax.attention.blockwise import online_step, visible
 from kvtax.attention.view import CacheView
 from kvtax.errors import ShapeError
 from kvtax.formats import rotate

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels.common import (
-    _dot_acc, _tanh, head_pointers, pdl_enter, pdl_exit, sequence_of, split_range, visible,
+    dot_acc, tanh, head_pointers, pdl_enter, pdl_exit, sequence_of, visible,
 )
 
 
@@ -273,9 +273,9 @@ def _pv(acc, p, v, scale, inv_t, DT: tl.constexpr, FMT: tl.constexpr, IEEE: tl.c
     """acc + P @ v for float V, acc + (P * scale / T) @ codes for quantized V (the biases
     are summed separately; `inv_t` = 1 / T, see the kernel)."""
     if FMT == 0:
-        acc = _dot_acc(p.to(DT), v, acc, IEEE)
+        acc = dot_acc(p.to(DT), v, acc, IEEE)
     else:
-        acc = _dot_acc((p * (scale * inv_t)[None, :]).to(DT), v, acc, IEEE)
+        acc = dot_acc((p * (scale * inv_t)[None, :]).to(DT), v, acc, IEEE)
     return acc
 
 
@@ -308,8 +308,7 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
           K_DT: tl.constexpr, V_DT: tl.constexpr, MASKED: tl.constexpr,
           IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
           IEEE: tl.constexpr, HAS_KV_START: tl.constexpr, ASM: tl.constexpr,
-          V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr,
-          LAZY: tl.constexpr):
+          V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr):
     """One online-softmax step over slots `[start, start + BLOCK_N)` (see the kernel).
 
     State: acc_lo/acc_hi `[BLOCK_M, D/2]` f32 in units of t_v (V_PAIRS: acc_lo, acc_hi,
@@ -336,20 +335,20 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, start, m_n, s_km, BLOCK_N, K_FMT, K_NG)
     zeros_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if K_FMT == 0:
-        s = _dot_acc(q_hi, tl.trans(k_hi), _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
+        s = dot_acc(q_hi, tl.trans(k_hi), dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
         s = s * qk_scale
     elif K_FMT == 3 or K_NG == 1:  # one scale per row: one accumulator for both halves
-        s = _dot_acc(q_hi, tl.trans(k_hi), _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
+        s = dot_acc(q_hi, tl.trans(k_hi), dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
         s = s * (ks_lo * qk_scale)[None, :]
         if K_FMT != 3:
             s += (qs_lo + qs_hi)[:, None] * (kb_lo * qk_scale)[None, :]
     else:
-        s = _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE) * (ks_lo * qk_scale)[None, :]
-        s += _dot_acc(q_hi, tl.trans(k_hi), zeros_s, IEEE) * (ks_hi * qk_scale)[None, :]
+        s = dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE) * (ks_lo * qk_scale)[None, :]
+        s += dot_acc(q_hi, tl.trans(k_hi), zeros_s, IEEE) * (ks_hi * qk_scale)[None, :]
         s += qs_lo[:, None] * (kb_lo * qk_scale)[None, :]
         s += qs_hi[:, None] * (kb_hi * qk_scale)[None, :]
     if SOFTCAP:
-        s = cap_log2 * _tanh(s)
+        s = cap_log2 * tanh(s)
     if MASKED:  # padded rows (q = 0) see finite zeros and are never stored
         vis = visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING, HAS_WINDOW,
                       HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
@@ -360,13 +359,8 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     # of a long decode take neither branch and skip the [rows, D] multiplies.
     m_tile = tl.max(s, 1)
     v_top = _vmax(vs_lo, vs_hi, V_FMT)
-    if LAZY:
-        grow = tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) > 0
-        if grow or v_top > t_v * 64.0:
-            (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v) = _rescale(
-                acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_tile, v_top,
-                V_PAIRS)
-    else:  # every tile, without a branch: one basic block for the scheduler to interleave
+    grow = tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) > 0
+    if grow or v_top > t_v * 64.0:
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v) = _rescale(
             acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_tile, v_top,
             V_PAIRS)
@@ -378,10 +372,10 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
         v_a, v_b, v_c, v_d = _v_pairs(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
         p_lo = (p * (vs_lo * inv_t)[None, :]).to(V_DT)
         p_hi = (p * (vs_hi * inv_t)[None, :]).to(V_DT)
-        acc_lo = _dot_acc(p_lo, v_a, acc_lo, IEEE)
-        acc_hi = _dot_acc(p_lo, v_b, acc_hi, IEEE)
-        acc_c = _dot_acc(p_hi, v_c, acc_c, IEEE)
-        acc_d = _dot_acc(p_hi, v_d, acc_d, IEEE)
+        acc_lo = dot_acc(p_lo, v_a, acc_lo, IEEE)
+        acc_hi = dot_acc(p_lo, v_b, acc_hi, IEEE)
+        acc_c = dot_acc(p_hi, v_c, acc_c, IEEE)
+        acc_d = dot_acc(p_hi, v_d, acc_d, IEEE)
     else:
         v_lo, v_hi = _operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
         acc_lo = _pv(acc_lo, p, v_lo, vs_lo, inv_t, V_DT, V_FMT, IEEE)
@@ -403,7 +397,7 @@ def _first(x, off, step):
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
-def _decode_warp_kernel(
+def decode_warp_kernel(
     Q, PartO, PartM, PartL, Kc, Ks, Kb, Vc, Vs, Vb, Lens, KvStart,
     length_host, n_q, num_splits, n_kv_heads, sinks, ring, window, qk_scale, cap_log2,
     s_qb, s_qh, s_ql, s_qd,
@@ -416,8 +410,7 @@ def _decode_warp_kernel(
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
-    LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True, PDL: tl.constexpr = False,
-    PDL_LATE: tl.constexpr = False,
+    PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
     pdl_enter(PDL, PDL_LATE)
     pid_bh = tl.program_id(0)
@@ -425,15 +418,12 @@ def _decode_warp_kernel(
     b, h, length, num_slots, kv0 = sequence_of(
         pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring, IS_RING, HAS_LENS,
         HAS_KV_START)
-    if STRIDED:  # split s takes tiles s, s + S, s + 2S, ...: the programs sweep the cache
-        lo = 0    # together (at 128k, 10% faster to read than one contiguous run per split:
-        hi = num_slots  # benchmarks/read_pattern.py on the H200, docs/KERNELS.md)
-        off = split * BLOCK_N
-        step = num_splits * BLOCK_N
-    else:
-        lo, hi = split_range(num_slots, split, num_splits, BLOCK_N)
-        off = lo
-        step = BLOCK_N
+    # split s takes tiles s, s + S, s + 2S, ...: the programs sweep the cache together
+    # (10% faster to read at 128k than one contiguous run per split, docs/KERNELS.md)
+    lo = 0
+    hi = num_slots
+    off = split * BLOCK_N
+    step = num_splits * BLOCK_N
 
     DH: tl.constexpr = HEAD_DIM // 2
     n_rows = G * n_q
@@ -498,7 +488,7 @@ def _decode_warp_kernel(
                 p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
                 sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                 K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
-                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
+                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
     for start in range(_first(full_lo, off, step), full_end, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
@@ -508,7 +498,7 @@ def _decode_warp_kernel(
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
     for start in range(_first(full_end, off, step), hi, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
@@ -518,7 +508,7 @@ def _decode_warp_kernel(
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
 
     # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
     row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m
