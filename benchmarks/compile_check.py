@@ -145,7 +145,7 @@ def hybrid_cases(full: bool):
 
 def sweep_cases():
     """benchmarks/attention.py's decode sweep variants (launch options differ)."""
-    import attention as bench  # noqa: F401 (benchmarks/ is on sys.path)
+    import attention as bench  # benchmarks/attention.py (the script's folder is on the path)
 
     from kvtax.attention import triton_api as ta
     from kvtax.cache import FullCache
@@ -329,7 +329,6 @@ def main() -> int:
     if args.only == "swap":
         cases += list(swap_cases())
     if args.only in (None, "sweep"):
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         cases += list(sweep_cases())
     if args.only in (None, "store"):
         cases += list(store_cases())

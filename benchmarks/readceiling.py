@@ -12,7 +12,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _stream_read_kernel(X, Out, n, BLOCK: tl.constexpr):
+def stream_read_kernel(X, Out, n, BLOCK: tl.constexpr):
     """Grid-stride read of X [n] fp16 (n a multiple of BLOCK); one partial per program."""
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
@@ -34,7 +34,7 @@ def read_ceiling(timer, nbytes: int = 2 << 30) -> tuple[float, list[dict]]:
         part = torch.empty(grid, device="cuda", dtype=torch.float32)
 
         def run(block=block, warps=warps, grid=grid, part=part):
-            _stream_read_kernel[(grid,)](x, part, n, BLOCK=block, num_warps=warps)
+            stream_read_kernel[(grid,)](x, part, n, BLOCK=block, num_warps=warps)
 
         variants.append((f"triton-read-b{block}-w{warps}-g{grid}", run))
     variants.append(("torch-sum", lambda: x.sum(dtype=torch.float32)))
