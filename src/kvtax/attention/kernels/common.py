@@ -148,6 +148,9 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
     HAS_MIN_DIST keys closer than `min_dist` to the query or before `min_key`.
     FOLD_K / FOLD_V (decode, one scale group per half): feed raw codes to the dots and
     apply scales and biases to the few score / output rows instead of every K/V element.
+
+    Over 80 lines: one step's loads, scores, masks, softmax and P @ V share ~20 values
+    that a split would thread through helpers of as many arguments.
     """
     nk_s_lo, nk_b_lo, nk_s_hi, nk_b_hi, nv_s_lo, nv_b_lo, nv_s_hi, nv_b_hi = tile_meta(
         p_ks, p_kb, p_vs, p_vb, start + BLOCK_N, num_slots, s_km, s_vm,

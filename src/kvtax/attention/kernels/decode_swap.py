@@ -1,4 +1,6 @@
-"""Single-warp split-KV decode with the slots as the MMA's M ("swapped"), for int8 / int4.
+"""The Triton twin CI runs in place of decode_swap_gluon: the swapped decode, plain Triton.
+
+Single-warp split-KV decode with the slots as the MMA's M ("swapped"), for int8 / int4.
 
 Same grid and partials as `decode_warp.py` (`(B * H_kv, num_splits)` one-warp programs,
 split s taking tiles s, s + S, ...; `reduce.py` merges the splits), for the common decode
@@ -45,7 +47,7 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels import swap_asm
-from kvtax.attention.kernels.common import tanh, pdl_enter, pdl_exit, sequence_of
+from kvtax.attention.kernels.common import pdl_enter, pdl_exit, sequence_of, tanh
 
 # PTX in swap_asm.py (shared with decode_swap_gluon.py)
 _X8_ASM = tl.constexpr(swap_asm.X8)
@@ -190,7 +192,11 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
           V_FMT: tl.constexpr, V_NG: tl.constexpr, SOFTCAP: tl.constexpr,
           ASM: tl.constexpr, MASKED: tl.constexpr):
     """One 32-slot step at `start` (two 16-slot streams). This step's metadata comes in
-    (kmeta, vmeta: (s_lo, b_lo, s_hi, b_hi) tuples of [16, 8]); the next step's goes out."""
+    (kmeta, vmeta: (s_lo, b_lo, s_hi, b_hi) tuples of [16, 8]); the next step's goes out.
+
+    Over 80 lines: one step's loads, scores, masks, softmax and P @ V share ~20 values
+    that a split would thread through helpers of as many arguments.
+    """
     k0_lo, k0_hi, v0_lo, v0_hi = _tiles(p_kc, p_vc, start, length, s_kc_t, s_vc_t,
                                         HEAD_DIM, K_FMT, V_FMT, MASKED)
     k1_lo, k1_hi, v1_lo, v1_hi = _tiles(p_kc, p_vc, start + 16, length, s_kc_t, s_vc_t,
@@ -289,7 +295,11 @@ def decode_swap_kernel(
     PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. Writes PartO [B*H_kv, S, R, D], PartM / PartL
-    [B*H_kv, S, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator."""
+    [B*H_kv, S, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator.
+
+    Over 80 lines: the prologue, the unmasked and masked step loops and the two-stream
+    merge share one register state; the per-step work is `_step`.
+    """
     pdl_enter(PDL, PDL_LATE)
     DH: tl.constexpr = HEAD_DIM // 2
     DQ: tl.constexpr = HEAD_DIM // 4

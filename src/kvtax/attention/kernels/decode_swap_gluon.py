@@ -123,7 +123,11 @@ def decode_swap_gluon_kernel(
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
     ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT).
-    Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4)."""
+    Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4).
+
+    Over 80 lines: the shared-memory ring and its cp.async issue / wait / consume span the
+    whole loop, and a gluon.jit helper would take most of the kernel's layouts and buffers.
+    """
     pdl_enter(PDL, PDL_LATE)
     SUB: gl.constexpr = 16
     BN: gl.constexpr = 32

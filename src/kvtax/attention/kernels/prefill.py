@@ -37,6 +37,11 @@ def prefill_attn_fwd_kernel(
     HAS_KV_START: tl.constexpr,
     HAS_LSE: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
 ):
+    """Grid (cdiv(G * L, BLOCK_M), B * H_kv): one block of packed query rows against the cache.
+
+    Over 80 lines: the prologue, the masked / unmasked / masked tile loops and the epilogue
+    share one register state; the per-tile work is `common.attn_step`.
+    """
     # heaviest (latest) row blocks first: they scan the most slots
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     b, h, length, num_slots, kv0 = sequence_of(
