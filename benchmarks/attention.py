@@ -38,7 +38,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from report import markdown_summary  # noqa: E402  (benchmarks/, the script's folder)
 
-from kvtax.attention.baselines import attention_dequant, attention_sdpa, attention_unfused  # noqa: E402
+from kvtax.attention.baselines import (  # noqa: E402
+    attention_dequant, attention_sdpa, attention_unfused,
+)
 from kvtax.attention.checks import rotate_query, unrotate_output  # noqa: E402
 from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
 from kvtax.cache import FullCache  # noqa: E402
@@ -133,7 +135,8 @@ def build_arm(name, q, caches, lengths, args):
     fmt = name.rsplit("-", 1)[1]
     view = caches[fmt].view()
     if name.startswith("hf-dequant"):
-        fn = _under(SDPBackend.FLASH_ATTENTION, lambda: attention_dequant(q, view, lower_right=True))
+        fn = _under(SDPBackend.FLASH_ATTENTION,
+                    lambda: attention_dequant(q, view, lower_right=True))
         return fn, caches[fmt].used_nbytes, "flash"
     need = unfused_bytes_estimate(q, view.length)
     if not args.dry_run and need > 0.8 * torch.cuda.mem_get_info()[0]:

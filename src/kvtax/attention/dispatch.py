@@ -1,7 +1,8 @@
-"""`attention(q, view)`: fused Triton kernels on CUDA, the blockwise reference elsewhere.
+"""`attention(q, view)`: fused Triton kernels on CUDA, the blockwise torch path elsewhere.
 
-A CUDA call the kernels cannot serve (an unsupported head_dim, say) falls back to the
-reference and warns once per reason, so a slow path is never taken silently.
+A CUDA call the kernels cannot serve (an unsupported head_dim, say) falls back to
+`blockwise.attention_blockwise` (the "reference" impl) and warns once per reason, so a
+slow path is never taken silently.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ def attention_naive(
 ) -> torch.Tensor:
     """Same function as `attention_blockwise`, materializing `[B, H_q, L, context]` scores.
 
-    Dequantizes the whole cache (in logical order) first; small shapes only (memory grows with L · context).
+    Dequantizes the whole cache (in logical order) first; small shapes only (its memory
+    grows with L · context).
     """
     n_q, _ = check_query(q, view)
     scale = 1.0 / math.sqrt(view.head_dim) if scale is None else scale
