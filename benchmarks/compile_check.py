@@ -265,15 +265,16 @@ def _with_gemv_first(fn):  # noqa: ANN001, ANN202
 
 def _normalised_ptx(kernel, name: str) -> str:
     """The kernel's PTX without what a pure refactor changes: its symbol name (and the
-    `_param_N` names built from it), source file / line directives and debug sections."""
+    `_param_N` names built from it), comments (their padding follows the name's length),
+    source file / line directives and debug sections."""
     import re
 
     ptx = kernel.asm.get("ptx", "")
     ptx = ptx.split(".section\t.debug", 1)[0].split(".section .debug", 1)[0]
-    lines = [ln for ln in ptx.splitlines()
-             if not ln.lstrip().startswith((".loc", ".file", "$L__func", "// -- Begin", "// -- End"))]
-    out = "\n".join(lines)
-    return re.sub(rf"\b{re.escape(name)}(?=\b|_param)", "KERNEL", out)
+    ptx = re.sub(rf"\b{re.escape(name)}(?=\b|_param)", "KERNEL", ptx)
+    lines = (re.sub(r"\s*//.*$", "", ln).rstrip() for ln in ptx.splitlines())
+    return "\n".join(ln for ln in lines
+                     if ln and not ln.lstrip().startswith((".loc", ".file", "$L__func")))
 
 
 def _dump_name(case: str) -> str:
