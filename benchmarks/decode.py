@@ -225,8 +225,8 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
 # kernel name → kind, first match wins (cuBLAS/CUTLASS GEMV-GEMM names vary by version)
 _KINDS = (
     ("gemm", ("_gemv_",)),  # kvtax's fused GEMV; its split-K reduce is no attention reduce
-    ("attention", ("_decode_", "_prefill_attn", "_reduce_kernel")),
-    ("store", ("_quantize_store", "_store_")),
+    ("attention", ("decode_attn", "decode_warp", "decode_swap", "prefill_attn")),
+    ("store", ("quantize_store", "_store_")),
     ("gemm", ("gemv", "gemm", "cutlass", "xmma", "sm90_", "cublas", "splitk", "matmul")),
     ("norm", ("rms_norm", "rmsnorm", "norm", "rsqrt")),  # rsqrt: inductor's fused norms
 )
@@ -288,10 +288,11 @@ def _kernel_spans(prof) -> list[tuple[str, float, float]]:  # noqa: ANN001
             for e in prof.events() if _is_device_kernel(e)]
 
 
-# kernel name → role in a decode step (critical_path); GEMVs get their projection by order
-_ROLES = (("_gemv_reduce", "gemv split-K reduce"), ("_quantize_store", "store"),
-          ("_store_", "store"), ("_decode_attn_reduce", "attention reduce"),
-          ("_decode_", "attention"))
+# kernel name (leading underscores dropped) → role in a decode step (critical_path); GEMVs
+# get their projection by order
+_ROLES = (("gemv_reduce", "gemv split-K reduce"), ("quantize_store", "store"),
+          ("store_", "store"), ("decode_attn_reduce", "attention reduce"),
+          ("decode_", "attention"))
 
 
 def _projection_order(layers: int) -> list[str]:
@@ -315,7 +316,7 @@ def critical_path(spans: list[tuple[str, float, float]], n: int, layers: int) ->
             role = names[k_gemv % len(names)]
             k_gemv += 1
         else:
-            role = next((r for key, r in _ROLES if name.startswith(key)), "other")
+            role = next((r for key, r in _ROLES if name.lstrip("_").startswith(key)), "other")
         roles.append((role, start, end))
     out: dict[str, float] = {}
     last_end = None
