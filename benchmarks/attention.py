@@ -2,8 +2,10 @@
 
 Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches); torch SDPA fp16 (flash and
 cuDNN backends); Hugging Face's approach (dequantize the whole int8/int4 cache, then
-SDPA); mlx-lm's approach (materialize [H, L, ctx] scores). Llama-3.1-8B layer shapes
-by default, contexts as arguments, decode (1 row) and a prefill chunk at the end.
+SDPA); mlx-lm's approach (materialize [H, L, ctx] scores). The baselines are
+kvtax.attention.baselines' functions, the ones `kvtax bench` measures. Llama-3.1-8B
+layer shapes by default, contexts as arguments, decode (1 row) and a prefill chunk at
+the end.
 
 Every call is captured in a CUDA graph and replayed; a 256 MiB write flushes L2 before
 each replay; the median of --reps replays is reported with p20/p80, plus TB/s (cache
@@ -34,15 +36,16 @@ if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from report import markdown_summary  # noqa: E402  (benchmarks/, the script's folder)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import arms  # noqa: E402
-from report import markdown_summary  # noqa: E402
-from kvtax.harness.bench.gpu_timer import Timer  # noqa: E402
-from kvtax.harness.bench.gpu_timer import git_commit as _git_commit  # noqa: E402
-
+from kvtax.attention.baselines import (  # noqa: E402
+    attention_dequant, attention_sdpa, attention_unfused,
+)
+from kvtax.attention.checks import rotate_query, unrotate_output  # noqa: E402
 from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
 from kvtax.cache import FullCache  # noqa: E402
+from kvtax.harness.bench.gpu_timer import Timer  # noqa: E402
+from kvtax.harness.bench.gpu_timer import git_commit as _git_commit  # noqa: E402
 
 KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8",
          "kvtax-int8hk": "int8+hk"}
@@ -50,41 +53,19 @@ ALL_ARMS = [
     *KVTAX, "sdpa-flash", "sdpa-cudnn", "hf-dequant-sdpa-int8", "hf-dequant-sdpa-int4",
     "unfused-int8", "unfused-int4",
 ]
-# alternatives to the heuristic table, as LaunchConfig field overrides
-# decode: "tile" is decode.py's launch, "warp" warp_decode_config's defaults; the others vary
-# decode_warp.py's (triton_api's warp_decode_config keyword arguments)
+# alternatives to the launch table, each an explicit LaunchConfig (`sweep_config`)
+# decode: "tile" is decode.py's launch, "warp" warp_decode_config's defaults; the others
+# vary its keyword arguments (tile sizes, pipeline stages, programs per SM)
 SWEEP_DECODE = {
     "tile": None, "warp": {}, "n16": dict(block_n=16), "n64": dict(block_n=64),
     "s2": dict(num_stages=2), "s4": dict(num_stages=4), "s5": dict(num_stages=5),
-    "sm4": dict(per_sm=4), "sm6": dict(per_sm=6), "sm12": dict(per_sm=12),
-    "sm16": dict(per_sm=16),
-    "r168sm12": dict(maxnreg=168, per_sm=12), "r128sm16": dict(maxnreg=128, per_sm=16),
-    "n16r128sm16": dict(block_n=16, maxnreg=128, per_sm=16),
-    "n16r168sm12": dict(block_n=16, maxnreg=168, per_sm=12),
-    "bytes": dict(v_pairs=False), "n64r168sm12": dict(block_n=64, maxnreg=168, per_sm=12),
-    "sm10": dict(per_sm=10),
-    # one contiguous run of tiles per split (an earlier order)
-    "contig": dict(strided=False), "contig-sm4": dict(strided=False, per_sm=4),
-    "n64sm4": dict(block_n=64, per_sm=4),
-    # branch-free rescaling (212 registers for int8: 9 resident warps) and register caps
-    # that fit 10-11 warps per SM without spilling (compile_check's regs/stack columns)
-    "eager": dict(lazy=False), "eager-sm9": dict(lazy=False, per_sm=9),
-    "eager-r192sm10": dict(lazy=False, maxnreg=192, per_sm=10),
-    "eager-r184sm11": dict(lazy=False, maxnreg=184, per_sm=11),
-    "eager-s2r184sm11": dict(lazy=False, num_stages=2, maxnreg=184, per_sm=11),
-    "eager-n16r128sm16": dict(lazy=False, block_n=16, maxnreg=128, per_sm=16),
-    "eager-n16r168sm12": dict(lazy=False, block_n=16, maxnreg=168, per_sm=12),
+    "sm4": dict(per_sm=4), "sm6": dict(per_sm=6), "sm10": dict(per_sm=10),
+    "sm12": dict(per_sm=12), "sm16": dict(per_sm=16), "n64sm4": dict(block_n=64, per_sm=4),
 }
-# decode_packed.py variants (several KV heads per program; opt-in, measured slower)
-SWEEP_PACKED = {
-    "p": {}, "p-hp2": dict(heads_per_program=2), "p-n32": dict(block_n=32),
-    "p-s3": dict(num_stages=3),
-    "p-sm4": dict(per_sm=4), "p-sm12": dict(per_sm=12),
-}
-SWEEP_PREFILL = {
-    "n64": dict(block_n=64), "n128": dict(block_n=128), "f32math": dict(f16_math=False),
-    "s4": dict(num_stages=4),
-}
+# kernel "swap" (int8 / int4, G * L <= 4): swap_decode_config's keyword arguments
+SWEEP_SWAP = {"swap": {}, "swap-s3": dict(num_stages=3), "swap-sm6": dict(per_sm=6),
+              "swap-sm8": dict(per_sm=8), "swap-sm12": dict(per_sm=12)}
+SWEEP_PREFILL = {"n64": dict(block_n=64), "n128": dict(block_n=128), "s4": dict(num_stages=4)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -105,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sweep-prefill-ctx", type=int, default=16384)
     p.add_argument("--sweep-formats", nargs="+", default=["fp16", "int8", "int4", "fp8"])
     p.add_argument("--sweep-variants", nargs="+", default=None,
-                   help="names from SWEEP_DECODE, SWEEP_PACKED, SWEEP_SWAP, SWEEP_PREFILL")
+                   help="names from SWEEP_DECODE, SWEEP_SWAP, SWEEP_PREFILL")
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="start no new cell after this many seconds (rows so far are kept)")
     p.add_argument("--flush", choices=["write", "read"], default="write",
@@ -137,36 +118,68 @@ def flops(hq: int, d: int, n_q: int, ctx: int) -> float:
     return 4.0 * hq * d * visible
 
 
-def build_arm(name, q, caches, kv, lengths, expect, args):
+def build_arm(name, q, caches, lengths, args):
     """(fn, cache bytes read, note) for one arm."""
     from torch.nn.attention import SDPBackend
 
     if name.startswith("kvtax-"):
-        fmt, _, tag = KVTAX[name.split("@")[0]], None, name.partition("@")[2]
-        cfg = sweep_config(tag, q, caches[fmt].view(), lengths) if tag else None
-        return arms.kvtax_arm(q, caches[fmt].view(), lengths, cfg), caches[fmt].used_nbytes, tag
+        fmt, tag = KVTAX[name.split("@")[0]], name.partition("@")[2]
+        view = caches[fmt].view()
+        cfg = sweep_config(tag, q, view, lengths) if tag else None
+        return kvtax_arm(q, view, lengths, cfg), caches[fmt].used_nbytes, tag
     if name.startswith("sdpa-"):
         backend = SDPBackend.FLASH_ATTENTION if name == "sdpa-flash" else SDPBackend.CUDNN_ATTENTION
-        fn, note = arms.sdpa_arm(q, kv[0], kv[1], backend, expect)
-        return fn, caches["fp16"].used_nbytes, note
+        view = caches["fp16"].view()
+        fn = _under(backend, lambda: attention_sdpa(q, view, lower_right=True))
+        return fn, caches["fp16"].used_nbytes, "enable_gqa"
     fmt = name.rsplit("-", 1)[1]
+    view = caches[fmt].view()
     if name.startswith("hf-dequant"):
-        return arms.hf_dequant_arm(q, caches[fmt], SDPBackend.FLASH_ATTENTION), caches[fmt].used_nbytes, "flash"
-    need = arms.unfused_bytes_estimate(q, kv[0].shape[2])
+        fn = _under(SDPBackend.FLASH_ATTENTION,
+                    lambda: attention_dequant(q, view, lower_right=True))
+        return fn, caches[fmt].used_nbytes, "flash"
+    need = unfused_bytes_estimate(q, view.length)
     if not args.dry_run and need > 0.8 * torch.cuda.mem_get_info()[0]:
         raise MemoryError(f"needs ~{need / 2**30:.0f} GiB of scores")
-    return arms.unfused_arm(q, caches[fmt]), caches[fmt].used_nbytes, "dequantized K/V"
+    return lambda: attention_unfused(q, view), caches[fmt].used_nbytes, "dequantized K/V"
 
 
-# decode_swap.py (slots as the MMA's M; int8 / int4, G * L <= 4): swap_decode_config's
-# keyword arguments
-SWEEP_SWAP = {"swap": {}, "swap-s3": dict(num_stages=3), "swap-sm6": dict(per_sm=6),
-              "swap-sm8": dict(per_sm=8), "swap-sm12": dict(per_sm=12),
-              "swap-eager": dict(lazy=False), "swap-eager-sm12": dict(lazy=False, per_sm=12)}
+def kvtax_arm(q, view, lengths, config=None):
+    """Fused kernels reading the quantized cache (device lengths: the CUDA-graph mode).
+    A Hadamard-rotated spec (`+hk`) rotates the query first, as `kvtax.attention` does,
+    so the rotation's launch is part of the timed call."""
+    if view.spec.rotate:
+        return lambda: unrotate_output(
+            triton_attention(rotate_query(q, view), view, lengths=lengths, config=config), view)
+    return lambda: triton_attention(q, view, lengths=lengths, config=config)
+
+
+def _under(backend, fn):
+    """fn run with SDPA restricted to one backend (the arm fails where it cannot serve)."""
+    from torch.nn.attention import sdpa_kernel
+
+    def call():
+        with sdpa_kernel([backend]):
+            return fn()
+
+    return call
+
+
+def unfused_bytes_estimate(q, ctx: int) -> int:
+    """Transient bytes of the unfused arm: scores in fp16, their float32 softmax input and
+    output, the probabilities back in fp16 (2 + 4 + 4 + 2 bytes per score)."""
+    b, hq, n_q, _ = q.shape
+    return b * hq * n_q * ctx * 12
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float32."""
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def sweep_config(tag, q, view, lengths) -> LaunchConfig:
-    """The launch of one sweep variant (see SWEEP_DECODE / SWEEP_PACKED / SWEEP_PREFILL)."""
+    """The launch of one sweep variant (see SWEEP_DECODE / SWEEP_SWAP / SWEEP_PREFILL)."""
     import dataclasses
 
     from kvtax.attention import triton_api as ta
@@ -180,12 +193,6 @@ def sweep_config(tag, q, view, lengths) -> LaunchConfig:
             if reason is not None:
                 raise ValueError(f"{tag}: {reason}")
             return ta.swap_decode_config(q, view, lengths, **SWEEP_SWAP[tag])
-        if tag in SWEEP_PACKED:
-            hp = ta.heads_per_program(q, view)
-            if hp < 2:
-                raise ValueError(f"{tag}: this format / shape has no packed decode")
-            opts = {"heads_per_program": hp, **SWEEP_PACKED[tag]}
-            return ta.packed_decode_config(q, view, lengths, **opts)
         return ta.warp_decode_config(q, view, lengths, **SWEEP_DECODE[tag])
     return dataclasses.replace(base, **SWEEP_PREFILL[tag])
 
@@ -198,7 +205,6 @@ def cell_list(args):
         for fmt in args.sweep_formats:
             dec = [t for t in SWEEP_DECODE if keep(t)]
             if fmt in ("int8", "int4"):
-                dec += [t for t in SWEEP_PACKED if keep(t)]
                 dec += [t for t in SWEEP_SWAP if keep(t)]
             pre = [t for t in SWEEP_PREFILL if keep(t)]
             cells += [(max(args.contexts), "decode", f"kvtax-{fmt}@{t}") for t in dec]
@@ -275,21 +281,21 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
         for arm in arms_here:
             if time.time() - t0 > args.budget_s:
                 return
-            yield run_cell(arm, phase, ctx, q, caches, kv, lengths, expect, timer, ceiling, args)
+            yield run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args)
     del kv, caches
     if not args.dry_run:
         torch.cuda.empty_cache()
 
 
-def run_cell(arm, phase, ctx, q, caches, kv, lengths, expect, timer, ceiling, args) -> dict:
+def run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args) -> dict:
     b, hq, n_q, d = q.shape
     row = dict(arm=arm, phase=phase, ctx=ctx, rows=n_q, batch=b, q_heads=hq,
                kv_heads=args.kv_heads, head_dim=d, status="ok", note="")
     try:
-        fn, nbytes, note = build_arm(arm, q, caches, kv, lengths, expect, args)
+        fn, nbytes, note = build_arm(arm, q, caches, lengths, args)
         row["note"] = note or ""
         mem, out = transient_bytes(fn, args.dry_run)
-        row["rel_err_vs_fp16"] = arms._rel_err(out, expect)
+        row["rel_err_vs_fp16"] = rel_err(out, expect)
         del out
         ms, p20, p80 = timer(fn)
         if args.kernel_times and not args.dry_run:

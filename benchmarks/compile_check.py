@@ -9,7 +9,9 @@ tests and benchmarks use, and reports each variant's registers and spills.
     python benchmarks/compile_check.py                       # the installed Triton
     PYTHONPATH=/tmp/t36 python benchmarks/compile_check.py   # e.g. Triton 3.6 unpacked there
 
-Exits 1 if any variant fails to compile.
+Exits 1 if any variant fails to compile. `--dump DIR` writes each compiled variant's PTX
+to DIR/<case>#<n>.ptx with kernel symbols and debug lines normalised, so two trees (before
+and after a refactor) can be compared with `diff -r`: a rename or a moved line is no change.
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def hybrid_cases(full: bool):
 
 def sweep_cases():
     """benchmarks/attention.py's decode sweep variants (launch options differ)."""
-    import attention as bench  # noqa: F401 (benchmarks/ is on sys.path)
+    import attention as bench  # benchmarks/attention.py (the script's folder is on the path)
 
     from kvtax.attention import triton_api as ta
     from kvtax.cache import FullCache
@@ -243,6 +245,26 @@ def _with_all_pdl(fn):  # noqa: ANN001, ANN202
         pdl.enabled = saved
 
 
+def _normalised_ptx(kernel, name: str) -> str:
+    """The kernel's PTX without what a pure refactor changes: its symbol name (and the
+    `_param_N` names built from it), comments (their padding follows the name's length),
+    source file / line directives and debug sections."""
+    import re
+
+    ptx = kernel.asm.get("ptx", "")
+    ptx = ptx.split(".section\t.debug", 1)[0].split(".section .debug", 1)[0]
+    ptx = re.sub(rf"\b{re.escape(name)}(?=\b|_param)", "KERNEL", ptx)
+    lines = (re.sub(r"\s*//.*$", "", ln).rstrip() for ln in ptx.splitlines())
+    return "\n".join(ln for ln in lines
+                     if ln and not ln.lstrip().startswith((".loc", ".file", "$L__func")))
+
+
+def _dump_name(case: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", case).strip("_")
+
+
 def _resources(kernel) -> str:
     """Registers / spill stack / static shared memory of a compiled kernel (cuobjdump)."""
     import os
@@ -269,13 +291,15 @@ def main() -> int:
                    default=None)
     p.add_argument("--full", action="store_true", help="also the prefill path")
     p.add_argument("-v", action="store_true", help="print tracebacks")
+    p.add_argument("--dump", type=Path, default=None, metavar="DIR",
+                   help="write each case's normalised PTX to DIR/<case>#<n>.ptx")
     args = p.parse_args()
     _compile_only(args.arch)
     print(f"triton {triton.__version__}, target sm_{args.arch}")
-    from kvtax.attention import triton_api as ta
+    from kvtax.attention import launch
 
-    checks = ta._unsupported
-    ta._unsupported = lambda q, view, allow_cpu: checks(q, view, True)  # CPU tensors
+    checks = launch.unsupported_reason
+    launch.unsupported_reason = lambda q, view, allow_cpu=False: checks(q, view, allow_cpu=True)
     from kvtax.formats import store_triton
 
     store_triton._interpreting = lambda: True  # let the store wrapper take CPU tensors
@@ -288,7 +312,6 @@ def main() -> int:
     if args.only == "swap":
         cases += list(swap_cases())
     if args.only in (None, "sweep"):
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         cases += list(sweep_cases())
     if args.only in (None, "store"):
         cases += list(store_cases())
@@ -306,7 +329,10 @@ def main() -> int:
             if args.v:
                 traceback.print_exc()
             continue
-        for kname, k in COMPILED:
+        for n, (kname, k) in enumerate(COMPILED):
+            if args.dump is not None:
+                args.dump.mkdir(parents=True, exist_ok=True)
+                (args.dump / f"{_dump_name(name)}#{n}.ptx").write_text(_normalised_ptx(k, kname))
             key = (kname, k.hash if hasattr(k, "hash") else id(k))
             if key in seen:
                 continue

@@ -31,9 +31,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kvtax.harness.bench.read_ceiling import stream_read_kernel as _stream_read_kernel  # noqa: E402
-from kvtax.harness.bench.gpu_timer import Timer, git_commit  # noqa: E402
+from kvtax.harness.bench.gpu_timer import Timer, git_commit
+from kvtax.harness.bench.read_ceiling import stream_read_kernel
 
 # Llama-3.1-8B bf16 weight bytes per decode step, in launch order within a layer
 LLAMA8B = {"qkv": 6144 * 4096 * 2, "o": 4096 * 4096 * 2, "gate_up": 28672 * 4096 * 2,
@@ -43,7 +42,7 @@ SHAPES = ((4096, 8, 4), (8192, 8, 8), (2048, 4, 16))  # (BLOCK, num_warps, progr
 
 @triton.jit
 def _read_pdl_kernel(X, Out, n, BLOCK: tl.constexpr, WAIT: tl.constexpr, TRIGGER: tl.constexpr):
-    """_stream_read_kernel under PDL. WAIT: 0 never, 1 first thing, 2 after the first
+    """stream_read_kernel under PDL. WAIT: 0 never, 1 first thing, 2 after the first
     block's load; TRIGGER: 0 at exit only, 1 first thing, 2 after the loop."""
     if TRIGGER == 1:
         gdc_launch_dependents()
@@ -81,7 +80,7 @@ def reader(x: torch.Tensor, block: int, warps: int, per_sm: int):  # noqa: ANN20
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     grid = min(sms * per_sm, x.numel() // block)
     part = torch.empty(grid, device=x.device, dtype=torch.float32)
-    return lambda: _stream_read_kernel[(grid,)](x, part, x.numel(), BLOCK=block,
+    return lambda: stream_read_kernel[(grid,)](x, part, x.numel(), BLOCK=block,
                                                 num_warps=warps)
 
 

@@ -157,7 +157,6 @@ def main() -> int:
         p.error(f"--rows must be powers of two >= 32 bytes, got {args.rows}")
     if not torch.cuda.is_available():
         p.error("needs a CUDA device (it times a GPU kernel)")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kvtax.harness.bench.gpu_timer import Timer
     from kvtax.harness.bench.read_ceiling import read_ceiling
 

@@ -19,7 +19,9 @@ HAS_CUDA = torch.cuda.is_available()
 _KERNEL_MODULES = (
     "kvtax.attention.kernels.dequant", "kvtax.attention.kernels.common",
     "kvtax.attention.kernels.prefill", "kvtax.attention.kernels.decode",
-    "kvtax.attention.kernels.reduce", "kvtax.attention.kernels.decode_swap",
+    "kvtax.attention.kernels.decode_warp", "kvtax.attention.kernels.reduce",
+    "kvtax.attention.kernels.decode_swap", "kvtax.attention.support",
+    "kvtax.attention.launch_table", "kvtax.attention.launch", "kvtax.attention.op",
     "kvtax.attention.triton_api",
 )
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from kvtax.attention import attention_naive
+from kvtax.attention.reference import attention_naive
 from kvtax.cache import FullCache, SlidingCache, make_caches
 from kvtax.errors import CapacityError, NonFiniteError, ShapeError
 from kvtax.formats import KVSpec

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtax.attention import attention, attention_blockwise, attention_naive
+from kvtax.attention import attention, attention_blockwise
+from kvtax.attention.reference import attention_naive
 from kvtax.attention.hybrid import hybrid_attention
 from kvtax.cache import FullCache, SlidingCache
 from kvtax.cache.hybrid import HybridCache

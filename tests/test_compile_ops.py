@@ -68,7 +68,7 @@ def test_op_bodies_cache_their_launch_setup(monkeypatch):
     """The ops run once per layer per compiled decode step: the attention op derives its
     launch configuration once per layout, the store op its checked launch plan, and a
     cached call gives what a fresh one gives."""
-    from kvtax.attention import triton_api
+    from kvtax.attention import op
     from kvtax.formats import store_triton
 
     cache, _ = _caches("int8", sliding=False)
@@ -78,11 +78,11 @@ def test_op_bodies_cache_their_launch_setup(monkeypatch):
     k = torch.randn(1, 2, 1, 64, generator=gen).to(DEVICE, torch.float16)
     length = torch.tensor([61], dtype=torch.int32, device=DEVICE)
     pos = torch.tensor([60], dtype=torch.int64, device=DEVICE)
-    triton_api._OP_CONFIGS.clear()
+    op.forget_launch_configs()
     store_triton._OP_PLANS.clear()
     configs, plans = [], []
-    monkeypatch.setattr(triton_api, "launch_config",
-                        lambda *a, _f=triton_api.launch_config: configs.append(1) or _f(*a))
+    monkeypatch.setattr(op, "launch_config",
+                        lambda *a, _f=op.launch_config: configs.append(1) or _f(*a))
     monkeypatch.setattr(store_triton, "_plan",
                         lambda *a, _f=store_triton._plan: plans.append(1) or _f(*a))
     outs = []
@@ -92,7 +92,7 @@ def test_op_bodies_cache_their_launch_setup(monkeypatch):
         outs.append(torch.ops.kvtax.attention.default(
             q, *s.k, *s.v, length, None, "int8", 64, cache.capacity, 0, 0, -1, torch.float16,
             -1.0, 0.0))
-    assert len(configs) == 1 and len(triton_api._OP_CONFIGS) == 1
+    assert len(configs) == 1 and op.cached_configs() == 1
     assert len(plans) == 1 and len(store_triton._OP_PLANS) == 1
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     cache.check_finite = False

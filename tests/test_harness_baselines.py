@@ -15,7 +15,10 @@ import pytest
 import torch
 
 from kvtax.cache import FullCache, SlidingCache
-from kvtax.attention.baselines import ATTENTION_PATHS, attention_sdpa_folded, sdpa_backend
+from kvtax.attention.baselines import (
+    ATTENTION_PATHS, attention_dequant, attention_sdpa, attention_sdpa_folded, sdpa_arguments,
+    sdpa_backend,
+)
 from kvtax.harness.bench.hooks import use_attention, use_sdpa_backend
 from kvtax.attention.masks import capacity_mask
 from kvtax.models import Runner, load_model
@@ -257,3 +260,27 @@ def test_varlen_arm_is_sdpa_eagerly_and_says_why_it_cannot_be_captured_on_cpu():
     assert "CUDA" in varlen_blocker(q, _captured(cache.view()))
     with pytest.raises(ValueError, match="needs a CUDA device"):
         attention_sdpa_varlen(q, _captured(cache.view()))
+
+
+@pytest.mark.parametrize("path", ["fp16", "dequant"])
+def test_lower_right_bias_is_the_host_mask_of_a_full_cache(path):
+    """`lower_right=True` (benchmarks/attention.py's prefill arms under the flash backend)
+    hands SDPA torch's lower-right causal bias instead of the bool host mask, and computes
+    the same attention: a 7-row chunk at the end of 40 tokens of a full cache."""
+    from torch.nn.attention.bias import CausalBias
+
+    gen = torch.Generator().manual_seed(5)
+    cache = FullCache("fp16" if path == "fp16" else "int8", capacity=64)
+    k, v = (rand_kv((1, 2, 40, 64), gen=gen) for _ in range(2))
+    cache.append(k, v)
+    view = cache.view()
+    q = torch.randn(1, 4, 7, 64, generator=gen)
+    fn = attention_sdpa if path == "fp16" else attention_dequant
+    want = fn(q, view)
+    got = fn(q, view, lower_right=True)
+    assert_close(got, want, atol=1e-5, rel_rms=1e-5)
+    kv = view.k.codes[:, :, :40].float()
+    (_, _, _), kw = sdpa_arguments(q, kv, kv, view, None, True, lower_right=True)
+    assert isinstance(kw["attn_mask"], CausalBias)
+    (_, _, _), kw = sdpa_arguments(q[:, :, -1:], kv, kv, view, None, True, lower_right=True)
+    assert kw["attn_mask"] is None  # one decode row sees every key: no mask at all

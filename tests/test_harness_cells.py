@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtax.attention import attention_naive
+from kvtax.attention.reference import attention_naive
 from kvtax.cache import FullCache, SlidingCache
 from kvtax.attention.baselines import ATTENTION_PATHS
 from kvtax.harness.bench.plan import SweepConfig, plan_cells

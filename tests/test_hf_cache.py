@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from kvtax.attention import attention_blockwise, attention_naive
+from kvtax.attention import attention_blockwise
+from kvtax.attention.reference import attention_naive
 from kvtax.cache import FullCache
 from kvtax.errors import FormatError
 from kvtax.formats import KVSpec

@@ -18,7 +18,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kvtax.attention import attention_naive, triton_api
+from kvtax.attention import triton_api
+from kvtax.attention.reference import attention_naive
 from kvtax.cache.storage import ALIGN
 from kvtax.hf import KVTaxCache, installed
 from kvtax.hf.cache import cache_kwarg
@@ -42,7 +43,7 @@ def _kernel_stand_in(q, view, *, scale=None, softcap=None, lengths=None, kv_star
 def kernels_everywhere(monkeypatch):
     """Route every attention call to the (stand-in) kernels, CPU tensors included."""
     dispatch = importlib.import_module("kvtax.attention.dispatch")
-    monkeypatch.setattr(dispatch, "_kernel_unavailable", lambda *a, **k: None)
+    monkeypatch.setattr(dispatch, "kernel_unavailable", lambda *a, **k: None)
     monkeypatch.setattr(triton_api, "triton_attention", _kernel_stand_in)
 
 

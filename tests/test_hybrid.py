@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from kvtax.attention import attention_naive
+from kvtax.attention.reference import attention_naive
 from kvtax.attention.hybrid import hybrid_attention
 from kvtax.attention.lse import attention_lse, merge_lse
 from kvtax.cache import FullCache

@@ -16,14 +16,14 @@ import torch
 from tests import kernels_env as ke
 from tests.kernels_env import DEVICE, build, check, interpret_mode  # noqa: F401 (autouse)
 
-from kvtax.attention import triton_api  # noqa: E402  (after kernels_env set the mode)
+from kvtax.attention import launch  # noqa: E402  (after kernels_env set the mode)
 from kvtax.attention.triton_api import LaunchConfig, triton_attention, unsupported_reason
 from kvtax.errors import ShapeError
 
 
 @pytest.fixture(autouse=True)
 def _poison_workspace(monkeypatch):
-    monkeypatch.setattr(triton_api, "POISON_WORKSPACE", True)
+    monkeypatch.setattr(launch, "POISON_WORKSPACE", True)
 
 
 # (spec, head_dim, h_kv, group, ctx, n_q, dtype)
@@ -123,21 +123,19 @@ def test_decode_split_counts(splits):
     check(q, view, config=cfg, what=f"splits{splits}")
 
 
-@pytest.mark.parametrize("strided", [True, False])
 @pytest.mark.parametrize("splits", [1, 3, 7, 13])
-def test_warp_decode_split_orders(splits, strided):
-    """decode_warp.py's two tile orders (every S-th tile per split, or one run per split)
-    over split counts that leave splits with one, several or no tiles (9 tiles of 16
-    slots, the last one partial)."""
+def test_warp_decode_split_orders(splits):
+    """decode_warp.py's tile order (split s takes every S-th tile from tile s) over split
+    counts that leave splits with one, several or no tiles (9 tiles of 16 slots, the last
+    one partial)."""
     import dataclasses
 
     from kvtax.attention.triton_api import warp_decode_config
 
     q, view = build("int8", d=64, h_kv=1, group=4, ctx=130, n_q=2)
-    cfg = dataclasses.replace(warp_decode_config(q, view, block_n=16, strided=strided),
-                              num_splits=splits)
-    assert cfg.kernel == "warp" and cfg.strided is strided
-    check(q, view, config=cfg, what=f"warp-splits{splits}-{strided}")
+    cfg = dataclasses.replace(warp_decode_config(q, view, block_n=16), num_splits=splits)
+    assert cfg.kernel == "warp"
+    check(q, view, config=cfg, what=f"warp-splits{splits}")
 
 
 @pytest.mark.parametrize("splits", [5, 300])
@@ -145,7 +143,7 @@ def test_split_reduce_merges_partials(splits):
     """The reduce kernel alone on random partials (some splits empty), both its one-shot
     path (<= 256 splits) and its chunked one: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s
     - M) l_s, and the log-sum-exp beside it."""
-    from kvtax.attention.kernels.reduce import _decode_attn_reduce_kernel
+    from kvtax.attention.kernels.reduce import decode_attn_reduce_kernel
     import triton
 
     gen = torch.Generator().manual_seed(splits)
@@ -159,7 +157,7 @@ def test_split_reduce_merges_partials(splits):
     out = torch.full((1, bh * g, n_q, d), float("nan"), device=DEVICE)
     lse = torch.full((1, bh * g, n_q), float("nan"), device=DEVICE)
     pad = triton.next_power_of_2(splits)
-    _decode_attn_reduce_kernel[(bh, rows, d // 32)](
+    decode_attn_reduce_kernel[(bh, rows, d // 32)](
         part_o, part_m, part_l, out, n_q, splits, bh, *out.stride()[:3], Lse=lse, HAS_LSE=True,
         G=g, HEAD_DIM=d, D_BLOCK=32, SPLITS_PAD=pad, SPLIT_BLOCK=pad if pad <= 256 else 64,
         num_warps=4)
@@ -205,18 +203,18 @@ def _batch(qt, b):
 
 @pytest.mark.parametrize(
     "spec, d, kernel",
-    [("int4", 64, "_decode_warp_kernel"), ("int4-g16", 80, "_decode_attn_split_kernel")],
+    [("int4", 64, "decode_warp_kernel"), ("int4-g16", 80, "decode_attn_split_kernel")],
 )
 def test_kernels_really_run_here(spec, d, kernel):
     """On CPU the Triton interpreter runs the kernels (not the torch reference), and
     decode shapes reach the kernel the launch table names for them."""
     from kvtax.attention.kernels import decode, decode_warp
-    from kvtax.attention.kernels.prefill import _prefill_attn_fwd_kernel
+    from kvtax.attention.kernels.prefill import prefill_attn_fwd_kernel
 
     kind = "InterpretedFunction" if not ke.HAS_CUDA else "JITFunction"
-    fn = getattr(decode_warp if kernel == "_decode_warp_kernel" else decode, kernel)
+    fn = getattr(decode_warp if kernel == "decode_warp_kernel" else decode, kernel)
     assert type(fn).__name__ == kind
-    assert type(_prefill_attn_fwd_kernel).__name__ == kind
+    assert type(prefill_attn_fwd_kernel).__name__ == kind
     q, view = build(spec, d=d, h_kv=1, group=1, ctx=17, n_q=1)
     calls = []
     original = fn.run
@@ -234,97 +232,22 @@ def test_kernels_really_run_here(spec, d, kernel):
 
 
 @pytest.mark.parametrize("grow", ["scores", "values"])
-@pytest.mark.parametrize("spec, lazy", [("int8", True), ("int4", True), ("fp8", True),
-                                        ("k8v4", True), ("fp16", True), ("int8", False),
-                                        ("int4", False)])
-def test_decode_rescaling_across_tiles(spec, lazy, grow):
+@pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "k8v4", "fp16"])
+def test_decode_rescaling_across_tiles(spec, grow):
     """decode_warp rescales lazily: when a row's max grows by more than 2^8 (scores
     that climb along the context) or a tile's V scales outgrow the reference by 2^6
     (values growing ~1100x while every tile keeps a similar weight). Neither may
-    overflow fp16 or drop the earlier tiles' share; nor may the branch-free variant
-    (`lazy=False`, every tile rescaled)."""
+    overflow fp16 or drop the earlier tiles' share."""
     from kvtax.attention.triton_api import warp_decode_config
 
     q, view = ke.rescale_case(grow, spec, ctx=200, d=64)
-    cfg = warp_decode_config(q, view, lazy=lazy)
+    cfg = warp_decode_config(q, view)
     out = triton_attention(q, view, config=cfg)
     ref = ke.attention_blockwise(q.float(), view)
     # outputs may reach ~1e2-1e3, where fp16's own rounding step is 0.06-0.5
     top = ref.abs().max().item()
     ke.assert_close(out.float(), ref, atol=max(2e-2, 2e-3 * top), rel_rms=4e-3,
                     what=f"rescale-{grow}-{spec}")
-
-
-@pytest.mark.parametrize("variant", ["bytes", "eager", "contig"])
-@pytest.mark.parametrize(
-    "spec, d, group, n_q, ctx, window",
-    [("int8", 128, 4, 1, 130, None), ("int4", 64, 4, 2, 75, None), ("fp8", 64, 2, 1, 70, None),
-     ("k8v4", 128, 4, 1, 40, 24), ("fp16", 64, 8, 1, 45, None), ("int4-g32", 64, 1, 5, 99, None)],
-)
-def test_decode_variants(variant, spec, d, group, n_q, ctx, window):
-    """Warp-decode launch variants the H200 sweep times against the default
-    (benchmarks/attention.py): V read as bytes instead of uint16 pairs; branch-free
-    rescaling of every tile; one contiguous run of tiles per split."""
-    from kvtax.attention.triton_api import warp_decode_config
-
-    q, view = build(spec, d=d, h_kv=2, group=group, ctx=ctx, n_q=n_q, window=window,
-                    sinks=2 if window else 0)
-    if variant == "bytes":
-        cfg = warp_decode_config(q, view, block_n=16, v_pairs=False)
-        assert cfg.kernel == "warp" and not cfg.v_pairs
-    elif variant == "eager":
-        cfg = warp_decode_config(q, view, block_n=16, lazy=False)
-        assert cfg.kernel == "warp" and not cfg.lazy
-    else:
-        cfg = warp_decode_config(q, view, block_n=16, strided=False)
-        assert cfg.kernel == "warp" and not cfg.strided
-    check(q, view, what=f"{variant}-{spec}", config=cfg)
-
-
-def _packed(q, view):
-    """decode_packed.py's launch with the most KV heads per program the shape allows."""
-    from kvtax.attention.triton_api import heads_per_program, packed_decode_config
-
-    hp = heads_per_program(q, view)
-    assert hp >= 2
-    return packed_decode_config(q, view, heads_per_program=hp)
-
-
-@pytest.mark.parametrize(
-    "spec, d, h_kv, group, n_q, ctx, window, softcap, dtype",
-    [("int8", 128, 4, 4, 1, 130, None, None, torch.float16),  # 4 heads per program
-     ("int4", 128, 2, 4, 1, 75, None, None, torch.bfloat16),
-     ("k8v4", 64, 8, 2, 1, 99, None, None, torch.float16),  # 8 heads: 2 programs of 4
-     ("int8-g128", 256, 2, 2, 2, 40, None, 30.0, torch.float16),  # one group per row
-     ("int4-g128", 128, 4, 1, 3, 70, 24, None, torch.float16),  # rows 3, 6, 9 of 16
-     ("int8", 64, 2, 8, 1, 45, 16, None, torch.bfloat16)],
-)
-def test_decode_packed(spec, d, h_kv, group, n_q, ctx, window, softcap, dtype):
-    """decode_packed.py (several KV heads' query rows in one tile; opt-in) against the
-    reference: 2-4 heads per program, one or two scale groups per row, L > 1, sliding
-    window with sinks (masked tiles), soft-capping, bf16 queries."""
-    q, view = build(spec, d=d, h_kv=h_kv, group=group, ctx=ctx, n_q=n_q, window=window,
-                    sinks=2 if window else 0, dtype=dtype)
-    cfg = _packed(q, view)
-    check(q, view, what=f"packed-{spec}", softcap=softcap, config=cfg)
-
-
-@pytest.mark.parametrize("splits", [1, 5, 13])
-def test_decode_packed_splits_and_lengths(splits):
-    """Packed decode over split counts that leave splits empty (9 tiles of 16 slots), with
-    per-sequence device lengths (what a CUDA graph reads) and left padding."""
-    q, view = build("int8", d=64, h_kv=2, group=4, ctx=130, n_q=1, batch=2)
-    cfg = dataclasses.replace(_packed(q, view), num_splits=splits)
-    lens = torch.tensor([130, 57], dtype=torch.int32, device=DEVICE)
-    out = triton_attention(q, view, lengths=lens, config=cfg)
-    for b, n in enumerate(lens.tolist()):
-        sub = dataclasses.replace(view, k=_batch(view.k, b), v=_batch(view.v, b), length=n)
-        ref = ke.attention_blockwise(q[b : b + 1].float(), sub)
-        ke.assert_close(out[b : b + 1].float(), ref, atol=2e-2, rel_rms=4e-3, what=f"b{b}")
-    kv_start = torch.tensor([0, 23], device=DEVICE)
-    out = triton_attention(q, view, kv_start=kv_start, config=cfg)
-    ref = ke.attention_blockwise(q.float(), view, kv_start=kv_start)
-    ke.assert_close(out.float(), ref, atol=2e-2, rel_rms=4e-3, what=f"kv_start-{splits}")
 
 
 def test_unsupported_calls_say_why():

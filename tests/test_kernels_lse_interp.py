@@ -17,7 +17,7 @@ from tests import kernels_env as ke
 from tests.kernels_env import DEVICE, TOLERANCE, build, interpret_mode  # noqa: F401 (autouse)
 
 from kvtax.attention import hybrid as hybrid_mod  # noqa: E402  (after kernels_env set the mode)
-from kvtax.attention import triton_api
+from kvtax.attention import launch, triton_api
 from kvtax.attention.hybrid import hybrid_attention, part_attention
 from kvtax.attention.lse import attention_lse
 from kvtax.attention.triton_api import LaunchConfig, triton_attention_lse
@@ -31,7 +31,7 @@ LSE_TOLERANCE = {torch.float16: (1e-2, 2e-3), torch.bfloat16: (6e-2, 1e-2),
 
 @pytest.fixture(autouse=True)
 def _poison_workspace(monkeypatch):
-    monkeypatch.setattr(triton_api, "POISON_WORKSPACE", True)  # out, lse start as NaN
+    monkeypatch.setattr(launch, "POISON_WORKSPACE", True)  # out, lse start as NaN
 
 
 def _config(kind: str, q: torch.Tensor, view) -> LaunchConfig | None:
@@ -159,13 +159,13 @@ def test_hybrid_cache_kernels_match_reference(spec, window, chunks, monkeypatch)
     monkeypatch.setattr(triton_api, "triton_attention_lse", spy)
     for step, (q, view) in enumerate(_hybrid_run(spec, window, chunks, 3)):
         with monkeypatch.context() as m:
-            m.setattr(hybrid_mod, "_kernel_unavailable", lambda *a: "forced reference")
+            m.setattr(hybrid_mod, "kernel_unavailable", lambda *a: "forced reference")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the forced reference on CUDA warns
                 ref = hybrid_attention(q.float(), view)
         m_calls = len(calls)
         with monkeypatch.context() as m:
-            m.setattr(hybrid_mod, "_kernel_unavailable", lambda *a: None)  # CPU: interpreter
+            m.setattr(hybrid_mod, "kernel_unavailable", lambda *a: None)  # CPU: interpreter
             got = hybrid_attention(q, view)
         assert len(calls) == m_calls + len(view.parts), "every part should use the kernels"
         assert got.dtype == q.dtype

@@ -1,8 +1,8 @@
 """decode_swap.py (slots as the MMA's M, two 4-row streams per step) against the float32
 reference, through the interpreter on CPU: int8 / int4 / mixed K and V, one or two scale
 groups per row, head dims 64 / 128 / 256, G * L from 1 to 4, causal L > 1, soft-capping,
-bf16 queries, device lengths per sequence, split counts that leave splits empty, eager
-and lazy rescaling; and the calls it refuses, with the reason. On a GPU the same tests
+bf16 queries, device lengths per sequence, split counts that leave splits empty, lazy
+rescaling; and the calls it refuses, with the reason. On a GPU the same tests
 run compiled, and launch kernel "swap" runs decode_swap_gluon.py where that applies
 (int8 / int4 group 64 at head dim 128, no soft-capping)."""
 
@@ -98,34 +98,17 @@ def test_gluon_kernel_never_chosen_under_the_interpreter():
 
 
 @pytest.mark.parametrize("grow", ["scores", "values", "values-flat"])
-@pytest.mark.parametrize("spec, lazy", [("int8", True), ("int4", True), ("k8v4", True),
-                                        ("int8", False), ("int4", False)])
-def test_swap_rescaling_across_steps(spec, lazy, grow):
+@pytest.mark.parametrize("spec", ["int8", "int4", "k8v4"])
+def test_swap_rescaling_across_steps(spec, grow):
     """Scores climbing along the context (a column's max grows by far more than 2^8); V
     growing 1000x after slot 64 with the early keys weighted to match; V growing 1e5x
-    under flat scores (P * s / t_v would pass fp16's 65504 unless t_v follows). Both the
-    eager rescale and the lazy one (`lazy=True`: only when a score passes the reference
-    max by 2^8 or a V scale the reference by 2^6) must keep fp16's range and the early
-    steps' share. Head dim 128: the int8 / int4 default groups give two per row."""
+    under flat scores (P * s / t_v would pass fp16's 65504 unless t_v follows). The lazy
+    rescale (only when a score passes the reference max by 2^8 or a V scale the
+    reference by 2^6) must keep fp16's range and the early steps' share. Head dim 128: the int8 / int4 default groups give two per row."""
     q, view = ke.rescale_case(grow, spec, ctx=300, d=128)
-    cfg = dataclasses.replace(swap_decode_config(q, view, lazy=lazy), num_splits=2)
-    assert cfg.lazy == lazy
+    cfg = dataclasses.replace(swap_decode_config(q, view), num_splits=2)
     out = ke.triton_attention(q, view, config=cfg)
     ref = ke.attention_blockwise(q.float(), view)
     top = ref.abs().max().item()  # outputs may reach ~1e2-1e3 (fp16 steps of 0.06-0.5)
     ke.assert_close(out.float(), ref, atol=max(2e-2, 2e-3 * top), rel_rms=4e-3,
-                    what=f"swap rescale-{grow}-{spec}-lazy={lazy}")
-
-
-@pytest.mark.parametrize(
-    "spec, d, group, n_q, ctx, softcap, dtype",
-    [("int8", 128, 4, 1, 130, None, torch.float16),
-     ("int4", 128, 2, 2, 75, 30.0, torch.bfloat16),
-     ("k4v8", 64, 1, 3, 40, None, torch.float16)],
-)
-def test_swap_eager_matches_reference(spec, d, group, n_q, ctx, softcap, dtype):
-    """`lazy=False`: every step rescales (the default is lazy)."""
-    q, view = build(spec, d=d, h_kv=2, group=group, ctx=ctx, n_q=n_q, dtype=dtype)
-    cfg = swap_decode_config(q, view, lazy=False)
-    assert swap_decode_config(q, view).lazy
-    check(q, view, what=f"swap-eager-{spec}-{d}", softcap=softcap, config=cfg)
+                    what=f"swap rescale-{grow}-{spec}")

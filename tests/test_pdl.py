@@ -11,6 +11,7 @@ from tests import kernels_env as ke
 from tests.kernels_env import interpret_mode  # noqa: F401 (autouse)
 
 from kvtax import pdl  # noqa: E402
+from kvtax.attention import launch as attn_launch  # noqa: E402
 from kvtax.attention import triton_api as ta  # noqa: E402
 
 
@@ -51,8 +52,8 @@ def test_decode_attention_asks_for_its_measured_placement(spec, launch, late, mo
     lens = torch.tensor([40], dtype=torch.int32)
     cfg = (ta.warp_decode_config(q, view, lens) if spec == "bf16"
            else ta.swap_decode_config(q, view, lens))
-    assert ta._pdl("attention", q, cfg) == {"PDL": True, "PDL_LATE": late, "launch_pdl": launch}
-    assert ta._pdl("reduce", q) == {"PDL": True, "PDL_LATE": False, "launch_pdl": True}
+    assert attn_launch.pdl_options("attention", q, cfg) == {"PDL": True, "PDL_LATE": late, "launch_pdl": launch}
+    assert attn_launch.pdl_options("reduce", q) == {"PDL": True, "PDL_LATE": False, "launch_pdl": True}
     if spec == "int4":  # a smaller grid launches normally (it would land unevenly)
         small = ta.swap_decode_config(q, view)
         assert small.num_splits < cfg.num_splits and not small.pdl_launch

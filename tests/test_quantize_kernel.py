@@ -337,7 +337,7 @@ _COMPILE_SCRIPT = r"""
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile as tcompile
-from kvtax.formats.kernels.quantize import _quantize_store_kernel as K
+from kvtax.formats.kernels.quantize import quantize_store_kernel as K
 
 def variant(dt, k, v, d, from_ptr, ring):
     # k, v: (format code, group, codes pointer type)

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvtax.attention import attention, attention_blockwise, attention_naive
+from kvtax.attention import attention, attention_blockwise
+from kvtax.attention.reference import attention_naive
 from kvtax.cache import FullCache, SlidingCache
 from kvtax.errors import ShapeError
 from tests.helpers import assert_close, rand_kv
@@ -199,3 +200,26 @@ def test_blockwise_memory_is_bounded_where_naive_is_not() -> None:
     assert blockwise * 10 <= naive, (
         f"blockwise peak {blockwise / 2**20:.1f} MiB vs naive {naive / 2**20:.1f} MiB"
     )
+
+
+def test_production_code_never_imports_the_oracle() -> None:
+    """kvtax.attention.reference is the tests' oracle: a kernel or path that imported its
+    helpers would be checked against itself. Every module under src/kvtax (but the
+    oracle) is parsed for imports of it; the blockwise CPU path lives in blockwise.py."""
+    import ast
+    from pathlib import Path
+
+    import kvtax
+
+    root = Path(kvtax.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path.name == "reference.py" and path.parent.name == "attention":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) and node.module else [])
+            if any(n.startswith("kvtax.attention.reference") for n in names):
+                offenders.append(str(path.relative_to(root)))
+    assert offenders == []

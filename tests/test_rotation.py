@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtax.attention import attention_blockwise, attention_naive
+from kvtax.attention import attention_blockwise
+from kvtax.attention.reference import attention_naive
 from kvtax.cache import FullCache, SlidingCache
 from kvtax.errors import FormatError
 from kvtax.formats import KVSpec, hadamard

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from kvtax.attention import CacheView, attention
-from kvtax.attention.reference import check_query, rotate_query, unrotate_output
+from kvtax.attention.checks import check_query, rotate_query, unrotate_output
 from kvtax.formats import FloatFormat, QTensor
 from kvtax.attention.masks import capacity_mask, host_mask, storage_slots
 
@@ -94,6 +94,7 @@ def _sdpa(
     softcap: float | None,
     causal: bool,
     fold_gqa: bool = False,
+    lower_right: bool = False,
 ) -> torch.Tensor:
     """SDPA of q `[B, H_q, L, D]` over k, v `[B, H_kv, n, D]` (n = `_slots(view)`)."""
     if softcap:
@@ -101,7 +102,7 @@ def _sdpa(
             "torch SDPA has no logit soft-capping; this baseline cannot run a softcap model "
             "(use the fused or unfused path)"
         )
-    args, kw = sdpa_arguments(q, k, v, view, scale, causal, fold_gqa)
+    args, kw = sdpa_arguments(q, k, v, view, scale, causal, fold_gqa, lower_right)
     return F.scaled_dot_product_attention(*args, **kw).reshape(q.shape)
 
 
@@ -113,6 +114,7 @@ def sdpa_arguments(
     scale: float | None,
     causal: bool,
     fold_gqa: bool = False,
+    lower_right: bool = False,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], dict]:
     """The exact ((q, k, v), kwargs) the baselines hand `F.scaled_dot_product_attention`.
 
@@ -124,10 +126,18 @@ def sdpa_arguments(
     head read once) — measured 1.6-11x slower on an H200 with cuDNN (Llama-3.1-8B shapes,
     2026-12-01, `benchmarks/stock_check.py`: 6.80 / 24.9 / 87.1 ms per token at 4k / 32k /
     128k against 4.36 / 5.15 / 7.97 heads kept), so the kept heads are the default.
+    `lower_right=True` (eager, a causal chunk over a full cache) passes the mask as torch's
+    lower-right causal bias instead of a bool tensor: the form the flash backend serves.
     """
     gqa = q.shape[1] != k.shape[1]
+    n_q = q.shape[2]
     if view.length_t is None:
-        mask = host_mask(q.shape[2], view, causal)
+        if lower_right and causal and n_q > 1 and view.window is None and not view.ring:
+            from torch.nn.attention.bias import causal_lower_right
+
+            bias = causal_lower_right(n_q, k.shape[2])
+            return (q, k, v), dict(attn_mask=bias, scale=scale, enable_gqa=gqa)
+        mask = host_mask(n_q, view, causal)
         if mask is not None:
             mask = mask.to(q.device)
         return (q, k, v), dict(attn_mask=mask, scale=scale, enable_gqa=gqa)
@@ -147,17 +157,20 @@ def attention_dequant(
     scale: float | None = None,
     softcap: float | None = None,
     causal: bool = True,
+    lower_right: bool = False,
 ) -> torch.Tensor:
     """transformers QuantizedCache's way: decode the whole cache every call, then SDPA.
 
     The decoded copy `[B, H_kv, slots, D]` x 2 in the model dtype is allocated per call,
-    which is exactly the traffic and transient a fused kernel avoids.
+    which is exactly the traffic and transient a fused kernel avoids. lower_right: see
+    `sdpa_arguments` (benchmarks/attention.py times this path under the flash backend).
     """
     check_query(q, view)
     n = _slots(view)
     k = _dequantized(view.k, view.spec.key, n, q.dtype)
     v = _dequantized(view.v, view.spec.value, n, q.dtype)
-    out = _sdpa(rotate_query(q, view), k, v, view, scale, softcap, causal)
+    out = _sdpa(rotate_query(q, view), k, v, view, scale, softcap, causal,
+                lower_right=lower_right)
     return unrotate_output(out, view)
 
 
@@ -169,19 +182,21 @@ def attention_sdpa(
     softcap: float | None = None,
     causal: bool = True,
     fold_gqa: bool = False,
+    lower_right: bool = False,
 ) -> torch.Tensor:
     """The fp16 baseline: SDPA reads the unquantized storage in place (no decode copy).
 
     The query is cast to the storage dtype (a few KB) rather than the cache to the
     query's, so an fp16 cache under an fp32 CPU model is still read without a copy.
     fold_gqa: the captured form's GQA (`sdpa_arguments`); `attention_sdpa_folded` is True.
+    lower_right: an eager causal chunk's mask as torch's lower-right bias (`sdpa_arguments`).
     """
     check_query(q, view)
     if (reason := _not_float(view)) is not None:
         raise ValueError(reason)
     k, v = sdpa_storage(view)
     out = _sdpa(rotate_query(q, view).to(k.dtype), k, v, view, scale, softcap, causal,
-                fold_gqa)
+                fold_gqa, lower_right)
     return unrotate_output(out.to(q.dtype), view)
 
 

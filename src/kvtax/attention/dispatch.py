@@ -1,7 +1,8 @@
-"""`attention(q, view)`: fused Triton kernels on CUDA, the blockwise reference elsewhere.
+"""`attention(q, view)`: fused Triton kernels on CUDA, the blockwise torch path elsewhere.
 
-A CUDA call the kernels cannot serve (an unsupported head_dim, say) falls back to the
-reference and warns once per reason, so a slow path is never taken silently.
+A CUDA call the kernels cannot serve (an unsupported head_dim, say) falls back to
+`blockwise.attention_blockwise` (the "reference" impl) and warns once per reason, so a
+slow path is never taken silently.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Literal
 
 import torch
 
-from kvtax.attention.reference import attention_blockwise, rotate_query, unrotate_output
+from kvtax.attention.blockwise import attention_blockwise
+from kvtax.attention.checks import rotate_query, unrotate_output
 from kvtax.attention.view import CacheView
 from kvtax.errors import FormatError
 from kvtax.formats.spec import centering_conflict
@@ -36,8 +38,7 @@ def attention(
     view:  `cache.view()` of the layer's cache, already holding these L tokens' K/V.
     Returns `[B, H_q, L, D]` in q.dtype. Causal masking is bottom-right aligned; the
     view's window and sinks apply. `impl="triton"` raises where the kernels can't run.
-    kv_start: optional int `[B]`, each row's first valid key position (left padding);
-    the kernels serve it only where `triton_api.SUPPORTS_KV_START` says so.
+    kv_start: optional int `[B]`, each row's first valid key position (left padding).
 
     Example:
         cache.append(k, v)
@@ -47,11 +48,10 @@ def attention(
     ref = dict(scale=scale, softcap=softcap, causal=causal, kv_start=kv_start)
     if impl == "reference":
         return attention_blockwise(q, view, **ref)
-    reason = _kernel_unavailable(q, view, causal, kv_start)
+    reason = kernel_unavailable(q, view, causal, kv_start)
     if reason is None:
         from kvtax.attention.triton_api import triton_attention
 
-        # Padding goes to the kernels only when they opted in; no kwarg otherwise.
         pad = {} if kv_start is None else {"kv_start": kv_start}
         if view.length_t is not None:  # CUDA-graph decode: the kernels read the length
             pad["lengths"] = view.length_t
@@ -91,10 +91,10 @@ def uses_kernels(
     Callers that hand the kernels a device-side length (`view.length_t`, which the reference
     ignores) check this first.
     """
-    return _kernel_unavailable(q, view, causal, kv_start) is None
+    return kernel_unavailable(q, view, causal, kv_start) is None
 
 
-def _kernel_unavailable(
+def kernel_unavailable(
     q: torch.Tensor, view: CacheView, causal: bool, kv_start: torch.Tensor | None = None
 ) -> str | None:
     """None when the fused kernels can serve this call, else why not."""
@@ -106,6 +106,4 @@ def _kernel_unavailable(
         from kvtax.attention import triton_api
     except ImportError as exc:  # triton missing or broken
         return f"Triton kernels unavailable ({exc})"
-    if kv_start is not None and not getattr(triton_api, "SUPPORTS_KV_START", False):
-        return "the kernels take no padding mask (kv_start)"
     return triton_api.unsupported_reason(q, view)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from kvtax.attention.dispatch import (
-    _kernel_unavailable,
     attention,
+    kernel_unavailable,
     refuse_centered_softcap,
     warn_reference_once,
 )
@@ -79,7 +79,7 @@ def part_attention(
     refuse_centered_softcap(part.view, softcap)
     kw = dict(scale=scale, softcap=softcap, min_distance=part.min_distance,
               min_key=part.min_key)
-    reason = _kernel_unavailable(q, part.view, True)
+    reason = kernel_unavailable(q, part.view, True)
     if reason is None:
         from kvtax.attention.triton_api import triton_attention_lse
 

@@ -6,9 +6,9 @@ each part's normalised output and log-sum-exp of scores:
 (FlashAttention's split-KV reduction). This is how a cache holding some tokens in fp16
 and the rest quantized is read without ever building one dequantized copy.
 
-`attention_lse` is a pure-torch blockwise reference (CPU path; float32 math) with two
-extra masks on top of the view's own causal/window/sink rule, so two parts of one
-cache can each see exactly their own keys:
+`attention_lse` is the blockwise torch path (CPU; float32 math; `blockwise.online_step`)
+with two extra masks on top of the view's own causal/window/sink rule, so two parts of
+one cache can each see exactly their own keys:
   min_distance: a query at p sees a key at k only if p - k >= min_distance;
   min_key:      only keys at positions k >= min_key.
 """
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvtax.attention.reference import online_step, visible
+from kvtax.attention.blockwise import online_step, visible
 from kvtax.attention.view import CacheView
 from kvtax.errors import ShapeError
 from kvtax.formats import rotate

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from kvtax.attention import CacheView, visible
+from kvtax.attention.blockwise import visible
+from kvtax.attention.view import CacheView
 
 # Masks built while a graph is captured: every layer of one captured step sees the same
 # length tensor, so layers of one geometry share one mask (built once a step, as

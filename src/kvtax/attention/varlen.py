@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from kvtax.attention import CacheView
-from kvtax.attention.reference import check_query
+from kvtax.attention.view import CacheView
+from kvtax.attention.checks import check_query
 from kvtax.attention.baselines import attention_sdpa
 from kvtax.attention.masks import storage_slots
 

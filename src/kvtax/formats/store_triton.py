@@ -29,7 +29,7 @@ from kvtax.formats.affine import AffineFormat
 from kvtax.formats.base import MODEL_DTYPES, KVFormat, QTensor
 from kvtax.formats.floats import FloatFormat
 from kvtax.formats.fp8 import E4M3_MAX, FP8Format, FP8TensorFormat
-from kvtax.formats.kernels.quantize import _quantize_store_kernel
+from kvtax.formats.kernels.quantize import quantize_store_kernel
 from kvtax.formats.rotation import rotate
 from kvtax.formats.spec import KVSpec
 
@@ -49,7 +49,7 @@ def _f32_reciprocal(divisor: float) -> float:
 
 def _interpreting() -> bool:
     """True when Triton's interpreter built the kernel (then it also runs on CPU tensors)."""
-    return type(_quantize_store_kernel).__name__ == "InterpretedFunction"
+    return type(quantize_store_kernel).__name__ == "InterpretedFunction"
 
 
 def _format_code(fmt: KVFormat) -> tuple[int, int, float] | None:
@@ -285,7 +285,7 @@ def _launch(
         meta = dst.scales if dst.scales is not None else codes  # placeholders are never read
         bias = dst.biases if dst.biases is not None else meta
         args += [x, *x_strides, codes, meta, bias, *d_strides, recip]
-    _quantize_store_kernel[plan.grid](
+    quantize_store_kernel[plan.grid](
         pos if plan.from_ptr else k, 0 if plan.from_ptr else int(pos), *plan.scalars, *args,
         **plan.consts, **pdl.launch_options("store", k, _interpreting()),
     )

@@ -119,7 +119,7 @@ class DecodeLaunch:
         applies, the ordinary dispatch."""
         from kvtax.attention import attention
         from kvtax.attention import triton_api as ta
-        from kvtax.attention.reference import rotate_query, unrotate_output
+        from kvtax.attention.checks import rotate_query, unrotate_output
 
         if ta.unsupported_reason(q, view) is not None:
             return attention(q, view, scale=scale, softcap=softcap)

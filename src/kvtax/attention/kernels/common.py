@@ -104,7 +104,7 @@ def slot_positions(o_n, length, sinks, ring, IS_RING: tl.constexpr):
 
 
 @triton.jit
-def _tanh(x):
+def tanh(x):
     """tanh from exp2, saturating cleanly to ±1 for large |x| (no libdevice needed)."""
     e = tl.exp2(x * 2.8853900817779268)  # exp(2x)
     return 1.0 - 2.0 / (e + 1.0)
@@ -135,7 +135,7 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
               K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr,
               V_GS: tl.constexpr, MASKED: tl.constexpr, IS_RING: tl.constexpr,
               HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, IEEE: tl.constexpr,
-              FOLD_K: tl.constexpr, FOLD_V: tl.constexpr, F16_MATH: tl.constexpr,
+              FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
               HAS_KV_START: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr):
     """One online-softmax step over slots `[start, start + BLOCK_N)`.
 
@@ -148,6 +148,9 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
     HAS_MIN_DIST keys closer than `min_dist` to the query or before `min_key`.
     FOLD_K / FOLD_V (decode, one scale group per half): feed raw codes to the dots and
     apply scales and biases to the few score / output rows instead of every K/V element.
+
+    Over 80 lines: one step's loads, scores, masks, softmax and P @ V share ~20 values
+    that a split would thread through helpers of as many arguments.
     """
     nk_s_lo, nk_b_lo, nk_s_hi, nk_b_hi, nv_s_lo, nv_b_lo, nv_s_hi, nv_b_hi = tile_meta(
         p_ks, p_kb, p_vs, p_vb, start + BLOCK_N, num_slots, s_km, s_vm,
@@ -172,12 +175,12 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
     else:
         k_lo, k_hi = load_kv_tile(p_kc, p_ks, p_kb, o_t, m_n, s_kc, s_km,
                                   ks_lo, kb_lo, ks_hi, kb_hi,
-                                  HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, dtype, F16_MATH)
+                                  HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, dtype)
         s = _dot(q_lo, tl.trans(k_lo), IEEE)
-        s = _dot_acc(q_hi, tl.trans(k_hi), s, IEEE)  # [BLOCK_M, BLOCK_N]
+        s = dot_acc(q_hi, tl.trans(k_hi), s, IEEE)  # [BLOCK_M, BLOCK_N]
     s = s * qk_scale
     if SOFTCAP:
-        s = cap_log2 * _tanh(s)
+        s = cap_log2 * tanh(s)
     if MASKED:
         vis = visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING, HAS_WINDOW,
                       HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
@@ -202,10 +205,10 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
     else:
         v_lo, v_hi = load_kv_tile(p_vc, p_vs, p_vb, o_t, m_n, s_vc, s_vm,
                                   vs_lo, vb_lo, vs_hi, vb_hi,
-                                  HEAD_DIM, HALF, BLOCK_N, V_FMT, V_GS, dtype, F16_MATH)
+                                  HEAD_DIM, HALF, BLOCK_N, V_FMT, V_GS, dtype)
         p16 = p.to(dtype)
-        acc_lo = _dot_acc(p16, v_lo, acc_lo * alpha[:, None], IEEE)
-        acc_hi = _dot_acc(p16, v_hi, acc_hi * alpha[:, None], IEEE)
+        acc_lo = dot_acc(p16, v_lo, acc_lo * alpha[:, None], IEEE)
+        acc_hi = dot_acc(p16, v_hi, acc_hi * alpha[:, None], IEEE)
     return (acc_lo, acc_hi, m_new, l_i,
             nk_s_lo, nk_b_lo, nk_s_hi, nk_b_hi, nv_s_lo, nv_b_lo, nv_s_hi, nv_b_hi)
 
@@ -246,7 +249,7 @@ def head_pointers(Kc, Ks, Kb, Vc, Vs, Vb, b, h, s_kc_b, s_kc_h, s_km_b, s_km_h,
 
 
 @triton.jit
-def _dot_acc(a, b, acc, IEEE: tl.constexpr):
+def dot_acc(a, b, acc, IEEE: tl.constexpr):
     if IEEE:
         out = tl.dot(a, b, acc, input_precision="ieee")
     else:

@@ -24,7 +24,7 @@ from kvtax.attention.kernels.common import (
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
-def _decode_attn_split_kernel(
+def decode_attn_split_kernel(
     Q, PartO, PartM, PartL, Kc, Ks, Kb, Vc, Vs, Vb, Lens, KvStart,
     length_host, n_q, num_splits, n_kv_heads, sinks, ring, window, qk_scale, cap_log2,
     s_qb, s_qh, s_ql, s_qd,
@@ -36,7 +36,7 @@ def _decode_attn_split_kernel(
     K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr, V_GS: tl.constexpr,
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
-    F16_MATH: tl.constexpr, HAS_KV_START: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
+    HAS_KV_START: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
     PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
     pdl_enter(PDL, PDL_LATE)
@@ -78,7 +78,7 @@ def _decode_attn_split_kernel(
             ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
             sinks, ring, window, qk_scale, cap_log2,
             HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
-            True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START,
+            True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, HAS_KV_START,
             min_dist, min_key, HAS_MIN_DIST)
 
     # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]

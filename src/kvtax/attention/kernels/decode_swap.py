@@ -1,4 +1,6 @@
-"""Single-warp split-KV decode with the slots as the MMA's M ("swapped"), for int8 / int4.
+"""The Triton twin CI runs in place of decode_swap_gluon: the swapped decode, plain Triton.
+
+Single-warp split-KV decode with the slots as the MMA's M ("swapped"), for int8 / int4.
 
 Same grid and partials as `decode_warp.py` (`(B * H_kv, num_splits)` one-warp programs,
 split s taking tiles s, s + S, ...; `reduce.py` merges the splits), for the common decode
@@ -45,7 +47,7 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels import swap_asm
-from kvtax.attention.kernels.common import _tanh, pdl_enter, pdl_exit, sequence_of
+from kvtax.attention.kernels.common import pdl_enter, pdl_exit, sequence_of, tanh
 
 # PTX in swap_asm.py (shared with decode_swap_gluon.py)
 _X8_ASM = tl.constexpr(swap_asm.X8)
@@ -188,9 +190,13 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
           qk_scale, cap_log2,
           HEAD_DIM: tl.constexpr, K_FMT: tl.constexpr, K_NG: tl.constexpr,
           V_FMT: tl.constexpr, V_NG: tl.constexpr, SOFTCAP: tl.constexpr,
-          ASM: tl.constexpr, MASKED: tl.constexpr, LAZY: tl.constexpr):
+          ASM: tl.constexpr, MASKED: tl.constexpr):
     """One 32-slot step at `start` (two 16-slot streams). This step's metadata comes in
-    (kmeta, vmeta: (s_lo, b_lo, s_hi, b_hi) tuples of [16, 8]); the next step's goes out."""
+    (kmeta, vmeta: (s_lo, b_lo, s_hi, b_hi) tuples of [16, 8]); the next step's goes out.
+
+    Over 80 lines: one step's loads, scores, masks, softmax and P @ V share ~20 values
+    that a split would thread through helpers of as many arguments.
+    """
     k0_lo, k0_hi, v0_lo, v0_hi = _tiles(p_kc, p_vc, start, length, s_kc_t, s_vc_t,
                                         HEAD_DIM, K_FMT, V_FMT, MASKED)
     k1_lo, k1_hi, v1_lo, v1_hi = _tiles(p_kc, p_vc, start + 16, length, s_kc_t, s_vc_t,
@@ -214,52 +220,39 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
           + qs_lo[None, :] * ((kb_lo - 1024.0 * ks_lo) * qk_scale)
           + qs_hi[None, :] * ((kb_hi - 1024.0 * ks_hi) * qk_scale))
     if SOFTCAP:
-        sc = cap_log2 * _tanh(sc)
+        sc = cap_log2 * tanh(sc)
     if MASKED:
         sc = tl.where((start + moff) <= q_pos[None, :], sc, float("-inf"))
 
     # ---- online softmax per column. acc holds P @ (V / t_v): t_v tracks the largest V
     # scale so that P * s / t_v stays in fp16's range
     VOFF: tl.constexpr = 8.0 if V_FMT == 2 else 128.0  # V codes enter centered
-    if LAZY:
-        # one warp-wide max decides whether to rescale: only when a score passes its
-        # column's reference max by 2^8 or a V scale the reference t_v by 2^6 (the first
-        # step always does); otherwise P <= 2^8 and P * s / t_v <= 2^14
-        m_ref = tl.where(m_i == float("-inf"), -3.0e38, m_i)
-        z = tl.maximum(sc - m_ref[None, :] - 8.0,
-                       tl.where(tl.maximum(vs_lo, vs_hi) > 64.0 * t_v, 1.0, -1.0))
-        m_new = m_i
-        t_new = t_v
-        if tl.max(tl.max(z, 1), 0) > 0.0:
-            m_new = tl.maximum(m_i, tl.max(sc, 0))
-            t_new = tl.maximum(t_v, tl.max(tl.max(tl.maximum(vs_lo, vs_hi), 1), 0))
-            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp2(m_i - m_new))
-            al = alpha[None, :]
-            fr = (alpha * (t_v / t_new))[None, :]
-            acc_a = acc_a * fr
-            acc_b = acc_b * fr
-            acc_c = acc_c * fr
-            acc_d = acc_d * fr
-            l_acc = l_acc * al
-            b_lo = b_lo * al
-            b_hi = b_hi * al
-        m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
-        l_acc = l_acc + p
-        b_lo = b_lo + p * (vb_lo + VOFF * vs_lo)
-        b_hi = b_hi + p * (vb_hi + VOFF * vs_hi)
-        f = 1.0
-    else:  # eager: every step rescales
+    # one warp-wide max decides whether to rescale: only when a score passes its
+    # column's reference max by 2^8 or a V scale the reference t_v by 2^6 (the first
+    # step always does); otherwise P <= 2^8 and P * s / t_v <= 2^14
+    m_ref = tl.where(m_i == float("-inf"), -3.0e38, m_i)
+    z = tl.maximum(sc - m_ref[None, :] - 8.0,
+                   tl.where(tl.maximum(vs_lo, vs_hi) > 64.0 * t_v, 1.0, -1.0))
+    m_new = m_i
+    t_new = t_v
+    if tl.max(tl.max(z, 1), 0) > 0.0:
         m_new = tl.maximum(m_i, tl.max(sc, 0))
-        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp2(m_i - m_new))
-        m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
-        al = alpha[None, :]
-        l_acc = l_acc * al + p
-        b_lo = b_lo * al + p * (vb_lo + VOFF * vs_lo)
-        b_hi = b_hi * al + p * (vb_hi + VOFF * vs_hi)
         t_new = tl.maximum(t_v, tl.max(tl.max(tl.maximum(vs_lo, vs_hi), 1), 0))
-        f = (alpha * (t_v / t_new))[None, :]
+        alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp2(m_i - m_new))
+        al = alpha[None, :]
+        fr = (alpha * (t_v / t_new))[None, :]
+        acc_a = acc_a * fr
+        acc_b = acc_b * fr
+        acc_c = acc_c * fr
+        acc_d = acc_d * fr
+        l_acc = l_acc * al
+        b_lo = b_lo * al
+        b_hi = b_hi * al
+    m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
+    l_acc = l_acc + p
+    b_lo = b_lo + p * (vb_lo + VOFF * vs_lo)
+    b_hi = b_hi + p * (vb_hi + VOFF * vs_hi)
     inv_t = 1.0 / t_new
     p16_lo = (p * (vs_lo * inv_t)).to(tl.float16)
     p16_hi = (p * (vs_hi * inv_t)).to(tl.float16)
@@ -271,10 +264,10 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
 
     # ---- O^T [D, 8] += V^T @ P^T, per stream, even / odd dims, lo / hi halves
     e0, o0, e1, o1 = _v_quarters(v0_lo, v0_hi, V_FMT, ASM)
-    acc_a = tl.dot(e0, p0_lo, acc_a * f)
-    acc_b = tl.dot(o0, p0_lo, acc_b * f)
-    acc_c = tl.dot(e1, p0_hi, acc_c * f)
-    acc_d = tl.dot(o1, p0_hi, acc_d * f)
+    acc_a = tl.dot(e0, p0_lo, acc_a)
+    acc_b = tl.dot(o0, p0_lo, acc_b)
+    acc_c = tl.dot(e1, p0_hi, acc_c)
+    acc_d = tl.dot(o1, p0_hi, acc_d)
     e0, o0, e1, o1 = _v_quarters(v1_lo, v1_hi, V_FMT, ASM)
     acc_a = tl.dot(e0, p1_lo, acc_a)
     acc_b = tl.dot(o0, p1_lo, acc_b)
@@ -290,7 +283,7 @@ def _fold(x, w, DQ: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
-def _decode_swap_kernel(
+def decode_swap_kernel(
     Q, PartO, PartM, PartL, Kc, Ks, Kb, Vc, Vs, Vb, Lens,
     length_host, n_q, num_splits, n_kv_heads, qk_scale, cap_log2,
     s_qb, s_qh, s_ql, s_qd,
@@ -299,10 +292,14 @@ def _decode_swap_kernel(
     G: tl.constexpr, HEAD_DIM: tl.constexpr,
     K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_LENS: tl.constexpr, ASM: tl.constexpr,
-    LAZY: tl.constexpr = False, PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
+    PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. Writes PartO [B*H_kv, S, R, D], PartM / PartL
-    [B*H_kv, S, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator."""
+    [B*H_kv, S, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator.
+
+    Over 80 lines: the prologue, the unmasked and masked step loops and the two-stream
+    merge share one register state; the per-step work is `_step`.
+    """
     pdl_enter(PDL, PDL_LATE)
     DH: tl.constexpr = HEAD_DIM // 2
     DQ: tl.constexpr = HEAD_DIM // 4
@@ -365,8 +362,7 @@ def _decode_swap_kernel(
             kmeta, vmeta, start, step, length, q_pos,
             bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
             p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
-            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, False,
-            LAZY)
+            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, False)
     tail = off + tl.cdiv(tl.maximum(full_end - off, 0), step) * step
     for start in range(tail, length, step):
         (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
@@ -375,8 +371,7 @@ def _decode_swap_kernel(
             kmeta, vmeta, start, step, length, q_pos,
             bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
             p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
-            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, True,
-            LAZY)
+            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, True)
 
     # ---- merge the two streams (columns c and c + 4), write one partial per split
     mx = tl.max(tl.reshape(m_i, (2, 4)), 0)

@@ -110,20 +110,24 @@ def _fold_streams(x, PH: gl.constexpr, st_l: gl.constexpr):
 
 
 @gluon.jit
-def _decode_swap_gluon_kernel(
+def decode_swap_gluon_kernel(
     q_ptr, part_o, part_m, part_l, kc, vc, ksw, kbw, vsw, vbw, lens,
     length_host, n_q, num_splits, n_kv_heads, qk_scale,
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
-    INT4: gl.constexpr, HAS_LENS: gl.constexpr, LAZY: gl.constexpr = False,
+    INT4: gl.constexpr, HAS_LENS: gl.constexpr,
     PDL: gl.constexpr = False, PDL_LATE: gl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
     ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT).
-    Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4)."""
+    Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4).
+
+    Over 80 lines: the shared-memory ring and its cp.async issue / wait / consume span the
+    whole loop, and a gluon.jit helper would take most of the kernel's layouts and buffers.
+    """
     pdl_enter(PDL, PDL_LATE)
     SUB: gl.constexpr = 16
     BN: gl.constexpr = 32
@@ -271,51 +275,34 @@ def _decode_swap_gluon_kernel(
         sc = gl.where(vis, sc, float("-inf"))
 
         # ---- online softmax per column
-        if LAZY:
-            vs_lo, vs_hi = _halves(vsw_c, MDT)  # past length: 0 (masked loads)
-            vb_lo, vb_hi = _halves(vbw_c, MDT)
-            # one warp-wide max decides whether to rescale: only when a score passes its
-            # column's reference max by 2^8 or a V scale the reference t_v by 2^6 (the
-            # first step always does); otherwise P <= 2^8 and P * s / t_v <= 2^14 in fp16
-            m_ref = gl.where(m_i == float("-inf"), -3.0e38, m_i)
-            z = gl.maximum(sc - m_ref[None, :] - 8.0,
-                           gl.where(gl.maximum(vs_lo, vs_hi) > 64.0 * t_v, 1.0, -1.0))
-            if gl.max(gl.max(z, 1), 0) > 0.0:
-                m_new = gl.maximum(m_i, gl.max(sc, 0))
-                t_new = gl.maximum(t_v, gl.max(gl.max(gl.maximum(vs_lo, vs_hi), 1), 0))
-                alpha = gl.where(m_new == float("-inf"), 1.0, gl.exp2(m_i - m_new))
-                al = alpha[None, :]
-                fr = (alpha * (t_v / t_new))[None, :]
-                acc_e_lo = acc_e_lo * fr
-                acc_o_lo = acc_o_lo * fr
-                acc_e_hi = acc_e_hi * fr
-                acc_o_hi = acc_o_hi * fr
-                l_acc = l_acc * al
-                b_lo = b_lo * al
-                b_hi = b_hi * al
-                m_i = m_new
-                t_v = t_new
-            m_base = gl.where(m_i == float("-inf"), 0.0, m_i)
-            p = gl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
-            l_acc = l_acc + p
-            b_lo = b_lo + p * (vb_lo + VOFF * vs_lo)
-            b_hi = b_hi + p * (vb_hi + VOFF * vs_hi)
-            f = 1.0
-        else:  # eager: every step rescales
+        vs_lo, vs_hi = _halves(vsw_c, MDT)  # past length: 0 (masked loads)
+        vb_lo, vb_hi = _halves(vbw_c, MDT)
+        # one warp-wide max decides whether to rescale: only when a score passes its
+        # column's reference max by 2^8 or a V scale the reference t_v by 2^6 (the
+        # first step always does); otherwise P <= 2^8 and P * s / t_v <= 2^14 in fp16
+        m_ref = gl.where(m_i == float("-inf"), -3.0e38, m_i)
+        z = gl.maximum(sc - m_ref[None, :] - 8.0,
+                       gl.where(gl.maximum(vs_lo, vs_hi) > 64.0 * t_v, 1.0, -1.0))
+        if gl.max(gl.max(z, 1), 0) > 0.0:
             m_new = gl.maximum(m_i, gl.max(sc, 0))
-            alpha = gl.where(m_new == float("-inf"), 1.0, gl.exp2(m_i - m_new))
-            m_base = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
-            vs_lo, vs_hi = _halves(vsw_c, MDT)  # past length: 0 (masked loads)
-            vb_lo, vb_hi = _halves(vbw_c, MDT)
-            al = alpha[None, :]
-            l_acc = l_acc * al + p
-            b_lo = b_lo * al + p * (vb_lo + VOFF * vs_lo)
-            b_hi = b_hi * al + p * (vb_hi + VOFF * vs_hi)
             t_new = gl.maximum(t_v, gl.max(gl.max(gl.maximum(vs_lo, vs_hi), 1), 0))
-            f = (alpha * (t_v / t_new))[None, :]
-            t_v = t_new
+            alpha = gl.where(m_new == float("-inf"), 1.0, gl.exp2(m_i - m_new))
+            al = alpha[None, :]
+            fr = (alpha * (t_v / t_new))[None, :]
+            acc_e_lo = acc_e_lo * fr
+            acc_o_lo = acc_o_lo * fr
+            acc_e_hi = acc_e_hi * fr
+            acc_o_hi = acc_o_hi * fr
+            l_acc = l_acc * al
+            b_lo = b_lo * al
+            b_hi = b_hi * al
             m_i = m_new
+            t_v = t_new
+        m_base = gl.where(m_i == float("-inf"), 0.0, m_i)
+        p = gl.exp2(sc - m_base[None, :])  # hidden slots: exactly 0
+        l_acc = l_acc + p
+        b_lo = b_lo + p * (vb_lo + VOFF * vs_lo)
+        b_hi = b_hi + p * (vb_hi + VOFF * vs_hi)
         inv_t = 1.0 / t_v
         pt_lo = gl.convert_layout((p * (vs_lo * inv_t)).to(gl.float16), pb_l)
         pt_hi = gl.convert_layout((p * (vs_hi * inv_t)).to(gl.float16), pb_l)
@@ -328,10 +315,10 @@ def _decode_swap_gluon_kernel(
         v_st = v_smem.index(s)
         if INT4:  # one pair tile per stream holds all four dim quarters
             e, o, e2, o2 = _x4_pairs(v_st.slice(0, SUB, 0).permute((1, 0)).load(va_l))
-            acc_e_lo = mma_v2(e, p0_lo, acc_e_lo * f)
-            acc_o_lo = mma_v2(o, p0_lo, acc_o_lo * f)
-            acc_e_hi = mma_v2(e2, p0_hi, acc_e_hi * f)
-            acc_o_hi = mma_v2(o2, p0_hi, acc_o_hi * f)
+            acc_e_lo = mma_v2(e, p0_lo, acc_e_lo)
+            acc_o_lo = mma_v2(o, p0_lo, acc_o_lo)
+            acc_e_hi = mma_v2(e2, p0_hi, acc_e_hi)
+            acc_o_hi = mma_v2(o2, p0_hi, acc_o_hi)
             e, o, e2, o2 = _x4_pairs(v_st.slice(SUB, SUB, 0).permute((1, 0)).load(va_l))
             acc_e_lo = mma_v2(e, p1_lo, acc_e_lo)
             acc_o_lo = mma_v2(o, p1_lo, acc_o_lo)
@@ -339,11 +326,11 @@ def _decode_swap_gluon_kernel(
             acc_o_hi = mma_v2(o2, p1_hi, acc_o_hi)
         else:
             e, o = _x8_pairs(v_st.slice(0, SUB, 0).slice(0, PH, 1).permute((1, 0)).load(va_l))
-            acc_e_lo = mma_v2(e, p0_lo, acc_e_lo * f)
-            acc_o_lo = mma_v2(o, p0_lo, acc_o_lo * f)
+            acc_e_lo = mma_v2(e, p0_lo, acc_e_lo)
+            acc_o_lo = mma_v2(o, p0_lo, acc_o_lo)
             e, o = _x8_pairs(v_st.slice(0, SUB, 0).slice(PH, PH, 1).permute((1, 0)).load(va_l))
-            acc_e_hi = mma_v2(e, p0_hi, acc_e_hi * f)
-            acc_o_hi = mma_v2(o, p0_hi, acc_o_hi * f)
+            acc_e_hi = mma_v2(e, p0_hi, acc_e_hi)
+            acc_o_hi = mma_v2(o, p0_hi, acc_o_hi)
             e, o = _x8_pairs(v_st.slice(SUB, SUB, 0).slice(0, PH, 1).permute((1, 0))
                              .load(va_l))
             acc_e_lo = mma_v2(e, p1_lo, acc_e_lo)

@@ -32,230 +32,9 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels.common import (
-    _dot_acc, _tanh, head_pointers, pdl_enter, pdl_exit, sequence_of, split_range, visible,
+    dot_acc, head_pointers, pdl_enter, pdl_exit, sequence_of, tanh, visible,
 )
-
-
-@triton.jit
-def _centered(c, OFF: tl.constexpr):
-    """uint8 codes (< 1024) → fp16 `c - OFF`, exact, without the int→float unit:
-    0x6400 | c is the fp16 number 1024 + c."""
-    x = (c.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
-    return x - (1024.0 + OFF)
-
-
-def _bytes_asm(sel_a: str, sel_b: str) -> str:
-    """PTX turning a 32-bit word of uint8 codes into two fp16x2 registers of code - 128:
-    `prmt` with selectors `sel_a`, `sel_b` (which bytes pair up) builds the fp16 pairs
-    1024 + c, one `sub.f16x2` each removes 1024 + 128."""
-    return f"""{{
-        .reg .b32 t0, t1, m;
-        mov.b32 m, 0x64806480;
-        prmt.b32 t0, $2, 0x64646464, {sel_a};
-        prmt.b32 t1, $2, 0x64646464, {sel_b};
-        sub.f16x2 $0, t0, m;
-        sub.f16x2 $1, t1, m;
-        }}"""
-
-
-# bytes (0, 1), (2, 3) pair up for 4 consecutive codes; (0, 2), (1, 3) for uint16 pairs
-_INT8_ASM = tl.constexpr(_bytes_asm("0x4140", "0x4342"))
-_INT8_PAIRS_ASM = tl.constexpr(_bytes_asm("0x4240", "0x4341"))
-
-
-@triton.jit
-def _int8_asm(c):
-    """uint8 codes → fp16 `c - 128` with two prmt + two sub.f16x2 per 4 codes (GPU only;
-    same result as `_centered(c, 128.0)`)."""
-    return tl.inline_asm_elementwise(
-        asm=_INT8_ASM, constraints="=r,=r,r", args=[c], dtype=tl.float16, is_pure=True,
-        pack=4)
-
-
-def _nibbles_asm(sel_a: str, sel_b: str) -> str:
-    """PTX turning a 32-bit word of packed int4 bytes into four fp16x2 registers of
-    nibble - 8: the lo nibbles, then the hi nibbles, each split into two fp16 pairs by
-    `prmt` with selectors `sel_a`, `sel_b` (which bytes pair up), 11 instructions."""
-    return f"""{{
-        .reg .b32 lo, hi, t0, t1, t2, t3, m;
-        mov.b32 m, 0x64086408;
-        and.b32 lo, $4, 0x0F0F0F0F;
-        shr.b32 hi, $4, 4;
-        and.b32 hi, hi, 0x0F0F0F0F;
-        prmt.b32 t0, lo, 0x64646464, {sel_a};
-        prmt.b32 t1, lo, 0x64646464, {sel_b};
-        prmt.b32 t2, hi, 0x64646464, {sel_a};
-        prmt.b32 t3, hi, 0x64646464, {sel_b};
-        sub.f16x2 $0, t0, m;
-        sub.f16x2 $1, t1, m;
-        sub.f16x2 $2, t2, m;
-        sub.f16x2 $3, t3, m;
-        }}"""
-
-
-# bytes (0, 1), (2, 3) pair up for 4 consecutive codes; (0, 2), (1, 3) for uint16 pairs
-_INT4_ASM = tl.constexpr(_nibbles_asm("0x4140", "0x4342"))
-_INT4_PAIRS_ASM = tl.constexpr(_nibbles_asm("0x4240", "0x4341"))
-
-
-@triton.jit
-def _int4_asm(byte):
-    """Packed int4 bytes → fp16 (lo nibble - 8, hi nibble - 8), 11 instructions per 4
-    bytes (GPU only; same result as `_centered` on `byte & 15`, `byte >> 4`)."""
-    return tl.inline_asm_elementwise(
-        asm=_INT4_ASM, constraints="=r,=r,=r,=r,r", args=[byte],
-        dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
-
-
-@triton.jit
-def _int8_pairs_asm(w):
-    """uint16 pairs of int8 codes → fp16 (first byte - 128, second byte - 128): one prmt
-    and one sub.f16x2 per two codes (GPU only; see `_v_pairs`)."""
-    return tl.inline_asm_elementwise(
-        asm=_INT8_PAIRS_ASM, constraints="=r,=r,r", args=[w], dtype=(tl.float16, tl.float16),
-        is_pure=True, pack=2)
-
-
-@triton.jit
-def _int4_pairs_asm(w):
-    """uint16 pairs of packed int4 bytes → fp16 (byte 0 lo, byte 1 lo, byte 0 hi, byte 1
-    hi nibble, each - 8): 11 instructions per 8 codes (GPU only; see `_v_pairs`)."""
-    return tl.inline_asm_elementwise(
-        asm=_INT4_PAIRS_ASM, constraints="=r,=r,=r,=r,r", args=[w],
-        dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
-
-
-@triton.jit
-def _load(p, m):
-    """tl.load with an optional mask (None: unmasked, so the load stays wide)."""
-    if m is None:
-        x = tl.load(p)
-    else:
-        x = tl.load(p, mask=m, other=0)
-    return x
-
-
-@triton.jit
-def _operands(p_codes, o_n, m_n, s_ct, HEAD_DIM: tl.constexpr, FMT: tl.constexpr,
-              DT: tl.constexpr, ASM: tl.constexpr):
-    """Tile of slots `o_n` (int32) as MMA operands: lo, hi `[BLOCK_N, D/2]` in DT.
-
-    Float formats: the stored rows. int8/int4: centered codes. fp8: decoded values.
-    Slots where `m_n` is False read code 0 (their scores are masked, their P is 0);
-    m_n None loads the whole tile unmasked.
-    """
-    DH: tl.constexpr = HEAD_DIM // 2
-    o_d = tl.arange(0, DH)
-    p_row = p_codes + o_n[:, None].to(tl.int64) * s_ct + o_d[None, :]
-    m = None if m_n is None else m_n[:, None]
-    if FMT == 2:
-        byte = _load(p_row, m)
-        if ASM:
-            lo, hi = _int4_asm(byte)
-        else:
-            lo = _centered(byte & 0xF, 8.0)
-            hi = _centered(byte >> 4, 8.0)
-    else:
-        r_lo = _load(p_row, m)
-        r_hi = _load(p_row + DH, m)
-        if FMT == 1 and ASM:
-            lo = _int8_asm(r_lo)
-            hi = _int8_asm(r_hi)
-        elif FMT == 1:
-            lo = _centered(r_lo, 128.0)
-            hi = _centered(r_hi, 128.0)
-        elif FMT == 3:
-            lo = r_lo.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-            hi = r_hi.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        else:
-            lo = r_lo
-            hi = r_hi
-    return lo.to(DT), hi.to(DT)
-
-
-@triton.jit
-def _v_pairs(p_codes, o_n, m_n, s_ct, HEAD_DIM: tl.constexpr, FMT: tl.constexpr,
-             DT: tl.constexpr, ASM: tl.constexpr):
-    """An int8/int4 V tile of slots `o_n` as four `[BLOCK_N, D/4]` MMA operands (centered
-    codes in DT) for the dims (2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1), j < D/4.
-
-    Why: in P @ V the MMA's reduction runs over slots, so each thread needs codes of
-    consecutive slots for one dim, while a cache row holds consecutive dims of one slot.
-    Read as bytes, Triton gathers them one LDS.U8 and one PRMT at a time (~3 instructions
-    per code). Read as uint16 pairs of dims, the tile is an ordinary 16-bit operand that
-    `ldmatrix.trans` transposes, and one PRMT splits a pair of slots' pairs into the even
-    and the odd dim's fp16 operands. Same MMA count; the output dims come out interleaved
-    and the kernel stores them back in place. Both halves of a pair share the scale group
-    (group >= D/2), so the folded V scales stay per half.
-    """
-    DQ: tl.constexpr = HEAD_DIM // 4
-    o_j = tl.arange(0, DQ)
-    p16 = p_codes.to(tl.pointer_type(tl.uint16), bitcast=True)
-    p_row = p16 + o_n[:, None].to(tl.int64) * (s_ct // 2) + o_j[None, :]
-    m = None if m_n is None else m_n[:, None]
-    if FMT == 2:  # uint16 j = bytes 2j, 2j + 1: lo nibbles dims 2j, 2j + 1; hi + D/2
-        w = _load(p_row, m)
-        if ASM:
-            a, b, c, d = _int4_pairs_asm(w)
-        else:
-            a = _centered(w & 0xF, 8.0)
-            b = _centered((w >> 8) & 0xF, 8.0)
-            c = _centered((w >> 4) & 0xF, 8.0)
-            d = _centered(w >> 12, 8.0)
-    else:  # uint16 j = dims 2j, 2j + 1 (lo half); j + D/4 the same in the hi half
-        w_lo = _load(p_row, m)
-        w_hi = _load(p_row + DQ, m)
-        if ASM:
-            a, b = _int8_pairs_asm(w_lo)
-            c, d = _int8_pairs_asm(w_hi)
-        else:
-            a = _centered(w_lo & 0xFF, 128.0)
-            b = _centered(w_lo >> 8, 128.0)
-            c = _centered(w_hi & 0xFF, 128.0)
-            d = _centered(w_hi >> 8, 128.0)
-    return a.to(DT), b.to(DT), c.to(DT), d.to(DT)
-
-
-@triton.jit
-def _meta(p_s, p_b, start, m_n, s_mt, BLOCK_N: tl.constexpr, FMT: tl.constexpr,
-          NG: tl.constexpr):
-    """Per-slot scales and centered biases of a tile, float32 `[BLOCK_N]` each:
-    (s_lo, b_lo, s_hi, b_hi). NG = groups per row (1 or 2 here); fp8's one scale per row
-    serves both halves and its biases are zeros.
-
-    Loaded as one flat run of BLOCK_N * NG values when rows are packed (s_mt == NG), so
-    the load is wide and the pipeliner can stage it like the codes.
-    """
-    o_t = (start + tl.arange(0, BLOCK_N)).to(tl.int64)
-    zero = tl.zeros([BLOCK_N], dtype=tl.float32)
-    s_lo = zero
-    b_lo = zero
-    s_hi = zero
-    b_hi = zero
-    if FMT == 3:
-        s_lo = _load(p_s + o_t * s_mt, m_n).to(tl.float32)
-        s_hi = s_lo
-    elif FMT == 1 or FMT == 2:
-        OFF: tl.constexpr = 128.0 if FMT == 1 else 8.0
-        if NG == 1:
-            s_lo = _load(p_s + o_t * s_mt, m_n).to(tl.float32)
-            b_lo = _load(p_b + o_t * s_mt, m_n).to(tl.float32)
-            b_lo += OFF * s_lo
-            s_hi = s_lo
-            b_hi = b_lo
-        else:
-            o_f = (2 * start + tl.arange(0, 2 * BLOCK_N)).to(tl.int64)
-            if m_n is None:
-                m_f = None
-            else:
-                m_f = tl.reshape(tl.broadcast_to(m_n[:, None], (BLOCK_N, 2)), (2 * BLOCK_N,))
-            s2 = _load(p_s + o_f, m_f).to(tl.float32)
-            b2 = _load(p_b + o_f, m_f).to(tl.float32)
-            s_lo, s_hi = tl.split(tl.reshape(s2, (BLOCK_N, 2)))
-            b_lo, b_hi = tl.split(tl.reshape(b2, (BLOCK_N, 2)))
-            b_lo += OFF * s_lo
-            b_hi += OFF * s_hi
-    return s_lo, b_lo, s_hi, b_hi
+from kvtax.attention.kernels.warp_tiles import tile_meta, tile_operands, v_pair_operands
 
 
 @triton.jit
@@ -273,9 +52,9 @@ def _pv(acc, p, v, scale, inv_t, DT: tl.constexpr, FMT: tl.constexpr, IEEE: tl.c
     """acc + P @ v for float V, acc + (P * scale / T) @ codes for quantized V (the biases
     are summed separately; `inv_t` = 1 / T, see the kernel)."""
     if FMT == 0:
-        acc = _dot_acc(p.to(DT), v, acc, IEEE)
+        acc = dot_acc(p.to(DT), v, acc, IEEE)
     else:
-        acc = _dot_acc((p * (scale * inv_t)[None, :]).to(DT), v, acc, IEEE)
+        acc = dot_acc((p * (scale * inv_t)[None, :]).to(DT), v, acc, IEEE)
     return acc
 
 
@@ -308,14 +87,13 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
           K_DT: tl.constexpr, V_DT: tl.constexpr, MASKED: tl.constexpr,
           IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
           IEEE: tl.constexpr, HAS_KV_START: tl.constexpr, ASM: tl.constexpr,
-          V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr,
-          LAZY: tl.constexpr):
+          V_PAIRS: tl.constexpr, min_dist, min_key, HAS_MIN_DIST: tl.constexpr):
     """One online-softmax step over slots `[start, start + BLOCK_N)` (see the kernel).
 
     State: acc_lo/acc_hi `[BLOCK_M, D/2]` f32 in units of t_v (V_PAIRS: acc_lo, acc_hi,
-    acc_c, acc_d `[BLOCK_M, D/4]` for `_v_pairs`' four dim sets), bias_lo/bias_hi
+    acc_c, acc_d `[BLOCK_M, D/4]` for `v_pair_operands`' four dim sets), bias_lo/bias_hi
     `[BLOCK_M]` (sum of P * V bias), m_i/l_i `[BLOCK_M]` (base 2), t_v the V scale
-    reference, vs_lo..vb_hi this tile's V scales and biases (`_meta`; the step returns
+    reference, vs_lo..vb_hi this tile's V scales and biases (`tile_meta`; the step returns
     the next tile's, `start + step`, loaded at its start). q_lo/q_hi the K operands'
     queries, qs_lo/qs_hi their row sums. MASKED=False: every row sees every slot of the tile.
 
@@ -323,33 +101,36 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     K metadata through cp.async but left one V metadata load inside the iteration that
     needs it, and Nsight Compute showed 31% of the warps' stall cycles waiting on it
     (H200, int8 at 128k, docs/KERNELS.md).
+
+    Over 80 lines: one step's loads, scores, masks, softmax and P @ V share ~20 values
+    that a split would thread through helpers of as many arguments.
     """
     o_next = start + step + tl.arange(0, BLOCK_N)
-    nvs_lo, nvb_lo, nvs_hi, nvb_hi = _meta(p_vs, p_vb, start + step, o_next < hi, s_vm,
+    nvs_lo, nvb_lo, nvs_hi, nvb_hi = tile_meta(p_vs, p_vb, start + step, o_next < hi, s_vm,
                                            BLOCK_N, V_FMT, V_NG)
     o_n = start + tl.arange(0, BLOCK_N)  # int32: slot counts stay below 2^31
     if MASKED:
         m_n = o_n < hi
     else:
         m_n = None
-    k_lo, k_hi = _operands(p_kc, o_n, m_n, s_kc, HEAD_DIM, K_FMT, K_DT, ASM)
-    ks_lo, kb_lo, ks_hi, kb_hi = _meta(p_ks, p_kb, start, m_n, s_km, BLOCK_N, K_FMT, K_NG)
+    k_lo, k_hi = tile_operands(p_kc, o_n, m_n, s_kc, HEAD_DIM, K_FMT, K_DT, ASM)
+    ks_lo, kb_lo, ks_hi, kb_hi = tile_meta(p_ks, p_kb, start, m_n, s_km, BLOCK_N, K_FMT, K_NG)
     zeros_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if K_FMT == 0:
-        s = _dot_acc(q_hi, tl.trans(k_hi), _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
+        s = dot_acc(q_hi, tl.trans(k_hi), dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
         s = s * qk_scale
     elif K_FMT == 3 or K_NG == 1:  # one scale per row: one accumulator for both halves
-        s = _dot_acc(q_hi, tl.trans(k_hi), _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
+        s = dot_acc(q_hi, tl.trans(k_hi), dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
         s = s * (ks_lo * qk_scale)[None, :]
         if K_FMT != 3:
             s += (qs_lo + qs_hi)[:, None] * (kb_lo * qk_scale)[None, :]
     else:
-        s = _dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE) * (ks_lo * qk_scale)[None, :]
-        s += _dot_acc(q_hi, tl.trans(k_hi), zeros_s, IEEE) * (ks_hi * qk_scale)[None, :]
+        s = dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE) * (ks_lo * qk_scale)[None, :]
+        s += dot_acc(q_hi, tl.trans(k_hi), zeros_s, IEEE) * (ks_hi * qk_scale)[None, :]
         s += qs_lo[:, None] * (kb_lo * qk_scale)[None, :]
         s += qs_hi[:, None] * (kb_hi * qk_scale)[None, :]
     if SOFTCAP:
-        s = cap_log2 * _tanh(s)
+        s = cap_log2 * tanh(s)
     if MASKED:  # padded rows (q = 0) see finite zeros and are never stored
         vis = visible(o_n, m_n, q_pos, length, kv0, sinks, ring, window, IS_RING, HAS_WINDOW,
                       HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
@@ -360,13 +141,8 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     # of a long decode take neither branch and skip the [rows, D] multiplies.
     m_tile = tl.max(s, 1)
     v_top = _vmax(vs_lo, vs_hi, V_FMT)
-    if LAZY:
-        grow = tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) > 0
-        if grow or v_top > t_v * 64.0:
-            (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v) = _rescale(
-                acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_tile, v_top,
-                V_PAIRS)
-    else:  # every tile, without a branch: one basic block for the scheduler to interleave
+    grow = tl.max((m_tile > m_i + 8.0).to(tl.int32), 0) > 0
+    if grow or v_top > t_v * 64.0:
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v) = _rescale(
             acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_tile, v_top,
             V_PAIRS)
@@ -375,15 +151,15 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     l_i += tl.sum(p, 1)
     inv_t = 1.0 / t_v
     if V_PAIRS:
-        v_a, v_b, v_c, v_d = _v_pairs(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
+        v_a, v_b, v_c, v_d = v_pair_operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
         p_lo = (p * (vs_lo * inv_t)[None, :]).to(V_DT)
         p_hi = (p * (vs_hi * inv_t)[None, :]).to(V_DT)
-        acc_lo = _dot_acc(p_lo, v_a, acc_lo, IEEE)
-        acc_hi = _dot_acc(p_lo, v_b, acc_hi, IEEE)
-        acc_c = _dot_acc(p_hi, v_c, acc_c, IEEE)
-        acc_d = _dot_acc(p_hi, v_d, acc_d, IEEE)
+        acc_lo = dot_acc(p_lo, v_a, acc_lo, IEEE)
+        acc_hi = dot_acc(p_lo, v_b, acc_hi, IEEE)
+        acc_c = dot_acc(p_hi, v_c, acc_c, IEEE)
+        acc_d = dot_acc(p_hi, v_d, acc_d, IEEE)
     else:
-        v_lo, v_hi = _operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
+        v_lo, v_hi = tile_operands(p_vc, o_n, m_n, s_vc, HEAD_DIM, V_FMT, V_DT, ASM)
         acc_lo = _pv(acc_lo, p, v_lo, vs_lo, inv_t, V_DT, V_FMT, IEEE)
         acc_hi = _pv(acc_hi, p, v_hi, vs_hi, inv_t, V_DT, V_FMT, IEEE)
     if V_FMT == 1 or V_FMT == 2:
@@ -403,7 +179,7 @@ def _first(x, off, step):
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
-def _decode_warp_kernel(
+def decode_warp_kernel(
     Q, PartO, PartM, PartL, Kc, Ks, Kb, Vc, Vs, Vb, Lens, KvStart,
     length_host, n_q, num_splits, n_kv_heads, sinks, ring, window, qk_scale, cap_log2,
     s_qb, s_qh, s_ql, s_qd,
@@ -416,24 +192,25 @@ def _decode_warp_kernel(
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
-    LAZY: tl.constexpr = True, STRIDED: tl.constexpr = True, PDL: tl.constexpr = False,
-    PDL_LATE: tl.constexpr = False,
+    PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
+    """Grid (B * H_kv, S), one warp: partials PartO / PartM / PartL as decode.py's.
+
+    Over 80 lines: the prologue, the masked / unmasked / masked tile loops and the epilogue
+    share one register state; the per-tile work is `_step`.
+    """
     pdl_enter(PDL, PDL_LATE)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(
         pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring, IS_RING, HAS_LENS,
         HAS_KV_START)
-    if STRIDED:  # split s takes tiles s, s + S, s + 2S, ...: the programs sweep the cache
-        lo = 0    # together (at 128k, 10% faster to read than one contiguous run per split:
-        hi = num_slots  # benchmarks/read_pattern.py on the H200, docs/KERNELS.md)
-        off = split * BLOCK_N
-        step = num_splits * BLOCK_N
-    else:
-        lo, hi = split_range(num_slots, split, num_splits, BLOCK_N)
-        off = lo
-        step = BLOCK_N
+    # split s takes tiles s, s + S, s + 2S, ...: the programs sweep the cache together
+    # (10% faster to read at 128k than one contiguous run per split, docs/KERNELS.md)
+    lo = 0
+    hi = num_slots
+    off = split * BLOCK_N
+    step = num_splits * BLOCK_N
 
     DH: tl.constexpr = HEAD_DIM // 2
     n_rows = G * n_q
@@ -453,7 +230,7 @@ def _decode_warp_kernel(
         Kc, Ks, Kb, Vc, Vs, Vb, b, h, s_kc_b, s_kc_h, s_km_b, s_km_h, s_vc_b, s_vc_h, s_vm_b,
         s_vm_h)
 
-    if V_PAIRS:  # dims 2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1 (see _v_pairs)
+    if V_PAIRS:  # dims 2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1 (see v_pair_operands)
         acc_lo = tl.zeros([BLOCK_M, HEAD_DIM // 4], dtype=tl.float32)
         acc_hi = tl.zeros([BLOCK_M, HEAD_DIM // 4], dtype=tl.float32)
         acc_c = tl.zeros([BLOCK_M, HEAD_DIM // 4], dtype=tl.float32)
@@ -485,7 +262,7 @@ def _decode_warp_kernel(
     # every loop walks this split's tiles off, off + step, ... from its first one past a
     # bound, so the V metadata prefetched for `start + step` is always the next tile's
     first = _first(lo, off, step)
-    vs_lo, vb_lo, vs_hi, vb_hi = _meta(p_vs, p_vb, first,
+    vs_lo, vb_lo, vs_hi, vb_hi = tile_meta(p_vs, p_vb, first,
                                        (first + tl.arange(0, BLOCK_N)) < hi, s_vm_t, BLOCK_N,
                                        V_FMT, V_NG)
     if HAS_MIN_DIST:
@@ -498,7 +275,7 @@ def _decode_warp_kernel(
                 p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
                 sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                 K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
-                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
+                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
     for start in range(_first(full_lo, off, step), full_end, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
@@ -508,7 +285,7 @@ def _decode_warp_kernel(
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
     for start in range(_first(full_end, off, step), hi, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
@@ -518,7 +295,7 @@ def _decode_warp_kernel(
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST, LAZY)
+            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
 
     # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
     row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m

@@ -91,18 +91,17 @@ def _gather_half(p_meta, o_t, m_t, s_mt, OFF: tl.constexpr, HEAD_DIM: tl.constex
 def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
                  s_lo, b_lo, s_hi, b_hi,
                  HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
-                 FMT: tl.constexpr, GS: tl.constexpr, DTYPE: tl.constexpr,
-                 F16_MATH: tl.constexpr):
+                 FMT: tl.constexpr, GS: tl.constexpr, DTYPE: tl.constexpr):
     """Dequantized rows of slots `o_t` `[BLOCK_N]` (int64) of one (batch, KV head).
 
     p_codes/p_scales/p_biases point at the head's slot 0; s_ct / s_mt are the slot
     strides of codes and of scales/biases (elements); s_lo..b_hi come from `load_meta`.
-    F16_MATH: with DTYPE fp16, convert and scale in fp16 rather than float32.
+    With DTYPE fp16 the codes convert and scale in fp16, else in float32.
     Masked slots (`m_t` False) read 0. Returns lo, hi `[BLOCK_N, HALF]` in DTYPE.
     """
     DH: tl.constexpr = HEAD_DIM // 2
-    # fp16 models may dequantize in fp16 (an fma rounds once, as f32-then-round does)
-    MATH: tl.constexpr = tl.float16 if (DTYPE == tl.float16 and F16_MATH) else tl.float32
+    # fp16 models dequantize in fp16 (an fma rounds once, as f32-then-round does)
+    MATH: tl.constexpr = tl.float16 if DTYPE == tl.float16 else tl.float32
     o_d = tl.arange(0, HALF)
     m = m_t[:, None] & (o_d < DH)[None, :]
     p_row = p_codes + o_t[:, None] * s_ct  # [BLOCK_N, 1]

@@ -22,7 +22,7 @@ from kvtax.attention.kernels.common import (
 
 
 @triton.jit(do_not_specialize=["length_host", "n_q"])
-def _prefill_attn_fwd_kernel(
+def prefill_attn_fwd_kernel(
     Q, Out, Kc, Ks, Kb, Vc, Vs, Vb, Lens, KvStart,
     length_host, n_q, n_kv_heads, sinks, ring, window, qk_scale, cap_log2,
     s_qb, s_qh, s_ql, s_qd, s_ob, s_oh, s_ol,
@@ -34,9 +34,14 @@ def _prefill_attn_fwd_kernel(
     K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr, V_GS: tl.constexpr,
     IS_RING: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
-    F16_MATH: tl.constexpr, HAS_KV_START: tl.constexpr,
+    HAS_KV_START: tl.constexpr,
     HAS_LSE: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
 ):
+    """Grid (cdiv(G * L, BLOCK_M), B * H_kv): one block of packed query rows against the cache.
+
+    Over 80 lines: the prologue, the masked / unmasked / masked tile loops and the epilogue
+    share one register state; the per-tile work is `common.attn_step`.
+    """
     # heaviest (latest) row blocks first: they scan the most slots
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     b, h, length, num_slots, kv0 = sequence_of(
@@ -91,7 +96,7 @@ def _prefill_attn_fwd_kernel(
                 ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
                 sinks, ring, window, qk_scale, cap_log2,
                 HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
-                True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH,
+                True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V,
                 HAS_KV_START, min_dist, min_key, HAS_MIN_DIST)
     for start in range(full_lo, full_end, BLOCK_N):
         (acc_lo, acc_hi, m_i, l_i, ks_lo, kb_lo, ks_hi, kb_hi,
@@ -101,7 +106,7 @@ def _prefill_attn_fwd_kernel(
             ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
             sinks, ring, window, qk_scale, cap_log2,
             HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
-            False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START,
+            False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, HAS_KV_START,
             min_dist, min_key, HAS_MIN_DIST)
     for start in range(full_end, hi, BLOCK_N):
         (acc_lo, acc_hi, m_i, l_i, ks_lo, kb_lo, ks_hi, kb_hi,
@@ -111,7 +116,7 @@ def _prefill_attn_fwd_kernel(
             ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi,
             sinks, ring, window, qk_scale, cap_log2,
             HEAD_DIM, HALF, BLOCK_N, K_FMT, K_GS, V_FMT, V_GS,
-            True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, F16_MATH, HAS_KV_START,
+            True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, HAS_KV_START,
             min_dist, min_key, HAS_MIN_DIST)
 
     # rows that saw no key (odd windows, hybrid masks) return zeros, like the reference

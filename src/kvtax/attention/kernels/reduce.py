@@ -17,7 +17,7 @@ from kvtax.attention.kernels.common import pdl_enter, pdl_exit
 
 
 @triton.jit(do_not_specialize=["n_q", "num_splits"])
-def _decode_attn_reduce_kernel(
+def decode_attn_reduce_kernel(
     PartO, PartM, PartL, Out, n_q, num_splits, n_kv_heads,
     s_ob, s_oh, s_ol, Lse,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, D_BLOCK: tl.constexpr,

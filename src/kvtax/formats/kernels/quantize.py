@@ -199,7 +199,7 @@ def _store_part(p_x, p_c, p_s, p_b, m_r, inv, FMT: tl.constexpr, GS: tl.constexp
 
 
 @triton.jit(do_not_specialize=["pos0", "n_rows", "seq_len"])
-def _quantize_store_kernel(
+def quantize_store_kernel(
     p_pos, pos0, sinks, ring, n_rows, seq_len, n_heads,
     p_kx, s_kx_b, s_kx_h, s_kx_t, p_kc, p_ks, p_kb,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t, k_inv,

@@ -1,0 +1,165 @@
+"""Which fused kernel can serve a call: the checks behind dispatch and the launch table.
+
+Each function answers None (this kernel serves the call) or a one-line reason it does
+not; `unsupported_reason` is the gate of every kernel path, `warp_reason`, `swap_reason`
+and `gluon_swap_reason` choose among the decode kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from kvtax.attention.kernels.decode import decode_attn_split_kernel
+from kvtax.attention.view import CacheView
+from kvtax.formats import AffineFormat, FloatFormat, FP8Format, KVFormat
+
+Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreting() -> bool:
+    """True when these kernels were built by Triton's interpreter (TRITON_INTERPRET=1 at
+    import): then triton_attention also runs on CPU tensors (how CI tests the kernels)."""
+    return type(decode_attn_split_kernel).__name__ == "InterpretedFunction"
+
+
+def format_code(fmt: KVFormat) -> tuple[int, int] | None:
+    """(kernel format code, group size) or None when the kernels don't know the format:
+    0 float, 1 int8, 2 int4, 3 fp8 e4m3 (group size 0 where there are no groups)."""
+    if isinstance(fmt, FloatFormat):
+        return 0, 0
+    if isinstance(fmt, AffineFormat):
+        return (1 if fmt.n_bits == 8 else 2), fmt.group_size
+    if isinstance(fmt, FP8Format):
+        return 3, 0
+    return None
+
+
+def is_int4(fmt: KVFormat) -> bool:
+    return isinstance(fmt, AffineFormat) and fmt.n_bits == 4
+
+
+def half_width(head_dim: int) -> int:
+    """The kernels' half-row tile width: D/2 rounded up to a power of two, at least 16."""
+    return max(16, triton.next_power_of_2(head_dim // 2))
+
+
+def unsupported_reason(q: torch.Tensor, view: CacheView, *, allow_cpu: bool = False) -> str | None:
+    """None when the kernels can serve `triton_attention(q, view)` on CUDA (or, with
+    `allow_cpu`, on CPU tensors through the interpreter), else why not."""
+    if not (q.is_cuda or allow_cpu):
+        return "tensors are not on a CUDA device"
+    if q.dtype not in Q_DTYPES:
+        return f"query dtype {q.dtype} (the kernels take float16, bfloat16, float32)"
+    d = view.head_dim
+    if d % 2 or not 16 <= d <= 256:
+        return f"head_dim {d} (the kernels take even head dims from 16 to 256)"
+    for part, fmt in (("key", view.spec.key), ("value", view.spec.value)):
+        if format_code(fmt) is None:
+            return f"{part} format {fmt.name} has no kernel"
+    for qt in (view.k, view.v):
+        if any(t.stride(-1) != 1 for t in qt.parts()):
+            return "cache storage rows are not contiguous (last stride != 1)"
+        if qt.scales is not None and qt.biases is not None and qt.scales.stride() != qt.biases.stride():
+            return "cache scales and biases have different strides"
+    if q.dim() == 4 and q.shape[0] * view.num_kv_heads >= 2**31:
+        return "batch * kv_heads too large for the launch grid"
+    return None
+
+
+def warp_reason(view: CacheView) -> str | None:
+    """None when decode_warp.py serves this cache: head dim a power of two from 32 to
+    256, integer formats with at most one scale group per half row (group >= D/2) and
+    packed scale rows. Otherwise the tile kernel (decode.py) runs."""
+    d = view.head_dim
+    if d & (d - 1) or not 32 <= d <= 256:
+        return f"head_dim {d} is not a power of two in [32, 256]"
+    for part, fmt, qt in (("key", view.spec.key, view.k), ("value", view.spec.value, view.v)):
+        if isinstance(fmt, AffineFormat):
+            if fmt.group_size < d // 2:
+                return f"{part} group size {fmt.group_size} < head_dim / 2"
+            if qt.scales.stride(-2) != d // fmt.group_size:
+                return f"{part} scale rows are not packed"
+    return None
+
+
+def v_pairs(view: CacheView) -> bool:
+    """Read int8/int4 V tiles as uint16 pairs of dims (decode_warp.py's `v_pair_operands`):
+    needs D/4 >= 16 (the MMA's smallest N) and 2-byte aligned code rows."""
+    codes = view.v.codes
+    return (isinstance(view.spec.value, AffineFormat) and view.head_dim >= 64
+            and codes.data_ptr() % 2 == 0 and all(s % 2 == 0 for s in codes.stride()[:-1]))
+
+
+def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
+    """None when decode_swap.py serves this call: G * L <= 4 fp16 / bf16 query rows, a
+    full cache (no ring, window or sinks), head_dim 64 / 128 / 256, int8 or int4 K and V
+    with one scale group per row or per half row, packed scale rows (pairs of 16-bit
+    values 4-byte aligned when two groups), V code rows 2-byte aligned."""
+    n_q, h_q, d = q.shape[2], q.shape[1], view.head_dim
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"queries are {q.dtype}"
+    if h_q // view.num_kv_heads * n_q > 4:
+        return f"G * L = {h_q // view.num_kv_heads * n_q} > 4"
+    if view.ring or view.window is not None or view.sinks:
+        return "ring / window / sinks"
+    if d not in (64, 128, 256):
+        return f"head_dim {d} not in (64, 128, 256)"
+    for part, fmt, qt in (("key", view.spec.key, view.k), ("value", view.spec.value, view.v)):
+        if not isinstance(fmt, AffineFormat) or fmt.n_bits not in (4, 8):
+            return f"{part} format {fmt} is not int8 / int4"
+        if fmt.group_size < d // 2:
+            return f"{part} group size {fmt.group_size} < head_dim / 2"
+        ng = d // fmt.group_size
+        sc, bi = qt.scales, qt.biases
+        if sc.stride() != bi.stride() or sc.stride(-2) != ng:
+            return f"{part} scale rows are not packed"
+        if ng == 2 and (any(t.data_ptr() % 4 for t in (sc, bi))
+                        or any(st % 2 for st in sc.stride()[:2])):
+            return f"{part} scale pairs are not 4-byte aligned"
+    if not v_pairs(view):
+        return "value code rows are not 2-byte aligned"
+    return None
+
+
+_GLUON_SWAP: object = None
+
+
+def gluon_swap_kernel():
+    """decode_swap_gluon's kernel, or the reason it cannot be loaded (Gluon is Triton's
+    experimental dialect: an API change must cost speed, not the import of kvtax)."""
+    global _GLUON_SWAP
+    if _GLUON_SWAP is None:
+        try:
+            from kvtax.attention.kernels.decode_swap_gluon import decode_swap_gluon_kernel
+            _GLUON_SWAP = decode_swap_gluon_kernel
+        except Exception as exc:  # noqa: BLE001 (any import-time failure: use the twin)
+            _GLUON_SWAP = f"Gluon unavailable ({type(exc).__name__}: {exc})"
+    return _GLUON_SWAP
+
+
+def gluon_swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
+    """None when decode_swap_gluon.py serves this call (the CUDA path of kernel "swap"):
+    `swap_reason`'s cases with int8 or int4 in groups of 64 for both K and V at head_dim
+    128, packed code rows, scales in the queries' dtype, compiled (not interpreted)
+    Triton with Gluon. Otherwise kernel "swap" runs decode_swap.py, its Triton twin."""
+    if interpreting():
+        return "Gluon kernels do not run in Triton's interpreter"
+    if torch.version.hip is not None:
+        return "the Gluon kernel is written for NVIDIA GPUs"
+    if q.is_cuda and torch.cuda.get_device_capability(q.device) < (8, 0):
+        return "the Gluon kernel needs sm_80+ (cp.async, mma.sync m16n8k16)"
+    reason = swap_reason(q, view)
+    if reason is not None:
+        return reason
+    k, v = view.spec.key, view.spec.value
+    if view.head_dim != 128 or k.n_bits != v.n_bits or k.group_size != 64 or v.group_size != 64:
+        return "Gluon swap serves int8 / int4 K and V alike, group 64, head_dim 128"
+    row = 128 if k.n_bits == 8 else 64
+    for qt in (view.k, view.v):
+        if qt.codes.shape[-1] != row or qt.codes.stride(-1) != 1:
+            return "code rows are not packed"
+        if qt.scales.dtype != q.dtype or qt.biases.dtype != q.dtype:
+            return "scales are not in the queries' dtype"
+    kernel = gluon_swap_kernel()
+    return kernel if isinstance(kernel, str) else None
