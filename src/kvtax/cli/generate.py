@@ -24,8 +24,7 @@ from kvtax.cli.options import add_allow_long, add_threads
 from kvtax.cli.validate import at_least
 from kvtax.errors import OptionError
 from kvtax.formats import DEFAULT_KV
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from kvtax.harness.dtypes import DTYPES, torch_dtype
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="torch.compile the CUDA-graph decode step (fewer, fused kernels; "
                         "a one-time compile before the first decode step)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weight dtype (default bf16 on CUDA, fp32 on CPU)")
     add_threads(p)
     p.set_defaults(func=run)
@@ -108,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             check_formats([value], option)
     set_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = _DTYPES[args.dtype or ("bf16" if device.startswith("cuda") else "fp32")]
+    dtype = torch_dtype(args.dtype or ("bf16" if device.startswith("cuda") else "fp32"))
     prompt = args.prompt_file.read_text() if args.prompt_file else args.prompt
     print(f"loading {model_name} ({dtype}, {device})", file=sys.stderr)
     model = load_model(model_name, dtype=dtype, device=device, seed=args.seed)

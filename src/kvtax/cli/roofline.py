@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvtax.cli.validate import check_contexts, check_formats, check_model, set_threads
     from kvtax.harness.analysis import roofline as rf
-    from kvtax.harness.bench.cells import torch_dtype
+    from kvtax.harness.dtypes import torch_dtype
     from kvtax.harness.bench.plan import model_shape, resolve_kv
     from kvtax.harness.schema import PATHS, make_cell_id, utc_now
     from kvtax.harness.store import RunStore, environment

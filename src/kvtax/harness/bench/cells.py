@@ -25,94 +25,20 @@ import torch
 
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.formats import KVSpec
-from kvtax.harness.bench import devinfo
 from kvtax.attention.baselines import attention_for, sdpa_backend
 from kvtax.harness.bench.hooks import use_sdpa_backend
-from kvtax.harness.bench.memory import PhaseMeter
-
-PhaseHook = Callable[[str], None]
-# An untimed prompt this long (and one decode step) runs before the measured phases, so
-# one-off costs (kernel compilation, library initialisation) land outside every window.
-WARMUP_TOKENS = 256
-
-DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[str(name).lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; use float32, float16 or bfloat16") from None
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
+from kvtax.harness.bench.timeline import (
+    WARMUP_TOKENS,
+    PhaseHook,
+    Timeline,
+    decode_loop,
+    finish_decode,
+    sync,
+)
+from kvtax.harness.dtypes import torch_dtype
 
 def _growths(caches: list[BaseCache]) -> int:
     return sum(c.growth_events for c in caches)
-
-
-class Timeline:
-    """Phase bookkeeping shared by both levels: hook, peak meter, clocks, timings."""
-
-    def __init__(self, device: torch.device, hook: PhaseHook | None, cell: dict[str, Any],
-                 out: dict[str, Any] | None = None, meter: Any = None):
-        self.device, self.hook, self.cell = device, hook or (lambda _p: None), cell
-        # `meter`: anything with PhaseMeter's kind/start/stop/peaks/baselines (an engine's).
-        self.meter = meter if meter is not None else PhaseMeter(device)
-        # Filled as phases finish, so a later phase's failure keeps the earlier numbers.
-        self.out: dict[str, Any] = {} if out is None else out
-        self.out["memory_kind"] = self.meter.kind
-        self.current = "setup"
-
-    def enter(self, phase: str) -> None:
-        """Announce a phase (the parent records it for crash rows) and apply forced faults."""
-        self.current = phase
-        self.hook(phase)
-        force = self.cell.get("force_oom")
-        if force == phase:
-            raise torch.OutOfMemoryError(
-                f"forced out-of-memory in phase {phase!r} (KVTAX_FORCE_OOM / --force-oom)"
-            )
-
-    def start(self, phase: str) -> None:
-        self.enter(phase)
-        _sync(self.device)
-        self.out.setdefault("clocks_start", devinfo.clocks(self.device))
-        self.meter.start(phase)
-
-    def stop(self, phase: str) -> None:
-        _sync(self.device)
-        self.meter.stop(phase)
-        self.out[f"{phase}_peak_bytes"] = self.meter.peaks.get(phase)
-        self.out[f"{phase}_base_bytes"] = self.meter.baselines.get(phase)
-        self.out["clocks_end"] = devinfo.clocks(self.device)
-
-
-def _decode_loop(
-    step: Callable[[], None], n: int, device: torch.device
-) -> list[float]:
-    """Per-token wall times in ms, synchronizing after every step."""
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        step()
-        _sync(device)
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return samples
-
-
-def _finish_decode(out: dict[str, Any], samples: list[float]) -> None:
-    out["decode_ms_samples"] = [round(s, 4) for s in samples]
-    # Mean, not median: a resize spike inside the window is part of what a user pays.
-    out["decode_ms_per_token"] = sum(samples) / len(samples) if samples else None
-    out["decode_ms_median"] = sorted(samples)[len(samples) // 2] if samples else None
 
 
 # ----------------------------------------------------------------------------- attention
@@ -178,7 +104,7 @@ def attention_cell(
         tl.start("prefill")
         t0 = time.perf_counter()
         prefill(cache, ctx)
-        _sync(device)
+        sync(device)
         ttft = time.perf_counter() - t0
         tl.stop("prefill")
         out.update(ttft_s=ttft, prefill_tok_s=ctx / ttft if ttft > 0 else None)
@@ -192,9 +118,9 @@ def attention_cell(
     if "decode" in cell["phases"] and n_dec > 0:
         before = cache.growth_events
         tl.start("decode")
-        samples = _decode_loop(lambda: step(cache), n_dec, device)
+        samples = decode_loop(lambda: step(cache), n_dec, device)
         tl.stop("decode")
-        _finish_decode(out, samples)
+        finish_decode(out, samples)
         out["decode_growth_events"] = cache.growth_events - before
         out["decode_growth"] = cache.growth_events > before
     out["level"] = "attention"
@@ -266,7 +192,7 @@ def model_cell(
             tl.start("prefill")
             t0 = time.perf_counter()
             caches, logits = run_prefill()
-            _sync(device)
+            sync(device)
             ttft = time.perf_counter() - t0
             tl.stop("prefill")
             out.update(ttft_s=ttft, prefill_tok_s=b * ctx / ttft if ttft > 0 else None)
@@ -287,9 +213,9 @@ def model_cell(
 
             before = _growths(caches)
             tl.start("decode")
-            samples = _decode_loop(step, n_dec, device)
+            samples = decode_loop(step, n_dec, device)
             tl.stop("decode")
-            _finish_decode(out, samples)
+            finish_decode(out, samples)
             out["decode_growth_events"] = _growths(caches) - before
             out["decode_growth"] = _growths(caches) > before
         graph = bool(runner.cuda_graph and runner.graph_disabled_reason is None)

@@ -5,7 +5,7 @@ What a transformers user gets from `QuantizedCache(backend="quanto")`: a stock H
 folder / hub id) whose cache keeps K/V quantized and dequantizes all of it at every
 forward. The cell drives `model(...)` itself — prefill in `chunk_size` chunks, then
 greedy decode steps with EOS ignored — so its phases, peaks and timings are the same as
-every other arm's (`kvtax.harness.bench.cells`). `kvtax bench --engine transformers --kv
+every other arm's (`kvtax.harness.bench.timeline`). `kvtax bench --engine transformers --kv
 quanto-int4` (harness/engines/transformers_engine.py) measures the same cache with the
 same settings and reuses this module's helpers, so this arm can move there.
 
@@ -274,9 +274,10 @@ def hf_quantized_cell(
     from transformers import QuantizedCache
 
     from kvtax.formats import KVSpec
-    from kvtax.harness.bench.cells import (
-        WARMUP_TOKENS, Timeline, _decode_loop, _finish_decode, _sync, torch_dtype,
+    from kvtax.harness.bench.timeline import (
+        WARMUP_TOKENS, Timeline, decode_loop, finish_decode, sync,
     )
+    from kvtax.harness.dtypes import torch_dtype
     from kvtax.hf.cache import cache_kwarg
 
     device = torch.device(cell["device"])
@@ -338,7 +339,7 @@ def hf_quantized_cell(
             t0 = time.perf_counter()
             cache = make_cache()
             logits = prefill(cache, ctx)
-            _sync(device)
+            sync(device)
             ttft = time.perf_counter() - t0
             tl.stop("prefill")
             out.update(ttft_s=ttft, prefill_tok_s=b * ctx / ttft if ttft > 0 else None)
@@ -361,9 +362,9 @@ def hf_quantized_cell(
 
             before = flushes["n"]
             tl.start("decode")
-            samples = _decode_loop(step, n_dec, device)
+            samples = decode_loop(step, n_dec, device)
             tl.stop("decode")
-            _finish_decode(out, samples)
+            finish_decode(out, samples)
             events = (flushes["n"] - before) // (2 * n_layers)
             out["decode_growth_events"] = events
             out["decode_growth"] = events > 0

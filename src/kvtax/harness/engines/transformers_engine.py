@@ -200,7 +200,7 @@ class TransformersEngine(TextEngine, Engine):
     # ---- setup
 
     def load(self) -> None:
-        from kvtax.harness.bench.cells import torch_dtype
+        from kvtax.harness.dtypes import torch_dtype
 
         why = arm_unavailable(self.arm, self.spec.path, self.spec.model)
         if why:

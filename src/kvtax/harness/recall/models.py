@@ -20,12 +20,10 @@ from typing import Any
 
 import torch
 
+from kvtax.harness.dtypes import kv_name, torch_dtype
 from kvtax.harness.recall.transcript import HFTextTokenizer, TextTokenizer
 from kvtax.models.gguf import gguf_folder  # noqa: F401 - where recall code found it
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-          "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_DTYPE_KV = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 class Unavailable(RuntimeError):
@@ -97,7 +95,7 @@ class RecallModel:
         """The unquantized KV format this engine's baseline uses (hf: the model's dtype)."""
         if self.engine == "kvtax":
             return "fp16"
-        return _DTYPE_KV.get(next(self.model.parameters()).dtype, "fp16")
+        return kv_name(next(self.model.parameters()).dtype)
 
     def session(self, kv: str, path: str, prefix: list[int], capacity: int) -> "Session":
         """Questions that all start with `prefix`, on one arm; see `Session`."""
@@ -274,19 +272,19 @@ def load_recall_model(
     """
     if engine not in ("auto", "kvtax", "hf"):
         raise ValueError(f"engine must be auto, kvtax or hf, not {engine!r}")
-    torch_dtype = DTYPES[dtype]
+    dtype_t = torch_dtype(dtype)
     path = Path(source).expanduser()
     is_gguf = path.suffix == ".gguf"
     if engine in ("auto", "kvtax"):
         try:
-            return _load_kvtax(source, path, is_gguf, torch_dtype, device, chunk_size,
+            return _load_kvtax(source, path, is_gguf, dtype_t, device, chunk_size,
                                sliding_kv, seed)
         except Exception as exc:  # noqa: BLE001 - any loader failure means "try transformers"
             if engine == "kvtax":
                 raise
             print(f"kvtax recall: the kvtax loader cannot read {source} ({exc}); "
                   "using transformers (unquantized KV only)")
-    return _load_hf(source, path, is_gguf, torch_dtype, device)
+    return _load_hf(source, path, is_gguf, dtype_t, device)
 
 
 def _load_kvtax(source: str, path: Path, is_gguf: bool, dtype: torch.dtype, device: str,
