@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvtax.attention import attention, attention_blockwise, attention_naive
-from kvtax.attention.hybrid import hybrid_attention
+from kvtax.attention.dispatch import attention as hybrid_attention
 from kvtax.cache import FullCache, SlidingCache
 from kvtax.cache.hybrid import HybridCache
 from kvtax.errors import FormatError

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from kvtax.attention import attention_naive
-from kvtax.attention.hybrid import hybrid_attention
+from kvtax.attention.dispatch import attention as hybrid_attention
 from kvtax.attention.lse import attention_lse, merge_lse
 from kvtax.cache import FullCache
-from kvtax.cache.hybrid import HybridCache, make_hybrid_caches
+from kvtax.cache import make_caches
+from kvtax.cache.hybrid import HybridCache
 from kvtax.errors import CapacityError, FormatError
 from kvtax.formats import rotate
 from kvtax.formats.hybrid import HybridSpec, parse_kv
@@ -147,7 +148,7 @@ def test_bytes_trim_reset_and_layers() -> None:
     assert cache.nbytes >= cache.used_nbytes and len(cache) == 300
     assert spec.bytes_for(300, 64) // 3 > 0
     assert spec.bytes_for(300, 64) == 300 * spec.base.bytes_per_token(64) + 36 * 256
-    caches = make_hybrid_caches([None, 512, 16], "int4+hk@s4r64")
+    caches = make_caches([None, 512, 16], "int4+hk@s4r64")
     assert caches[0].body is not None and caches[1].sinks == 0 and caches[2].body is None
     cache.reset()
     assert len(cache) == 0

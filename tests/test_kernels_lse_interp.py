@@ -18,7 +18,7 @@ from tests.kernels_env import DEVICE, TOLERANCE, build, interpret_mode  # noqa: 
 
 from kvtax.attention import hybrid as hybrid_mod  # noqa: E402  (after kernels_env set the mode)
 from kvtax.attention import triton_api
-from kvtax.attention.hybrid import hybrid_attention, part_attention
+from kvtax.attention.dispatch import attention as hybrid_attention, part_attention
 from kvtax.attention.lse import attention_lse
 from kvtax.attention.triton_api import LaunchConfig, triton_attention_lse
 from kvtax.cache.hybrid import HybridCache

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from kvtax.attention import attention
-from kvtax.attention.hybrid import hybrid_attention
+from kvtax.attention import attention
 
 
 def log_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -83,7 +83,7 @@ class LayerErrorProbe:
     """Measures each layer's attention error against an fp16 shadow of its own cache.
 
     Use as a context manager around a pass: it sets every layer's `attn_fn` to one that
-    runs the layer's real attention (`hybrid_attention`, which also serves plain views)
+    runs the layer's real attention (`attention`, which also serves hybrid views)
     and, for queries at positions >= `tail_start`, attention over `shadows[i]` (an fp16
     cache fed the same K/V through `tee`) with the same q; on exit the original
     `attn_fn`s are back. `shadows=None` measures nothing (the baseline pass).
@@ -121,7 +121,7 @@ class LayerErrorProbe:
 
     def _attn_fn(self, i: int) -> Callable:
         def fn(q: torch.Tensor, view: Any, **kw: Any) -> torch.Tensor:
-            out = hybrid_attention(q, view, **kw)
+            out = attention(q, view, **kw)
             if self.shadows is None:
                 return out
             length = view.length
