@@ -102,8 +102,8 @@ def test_cli_recall_writes_run_and_report(tmp_path, capsys):
 
 
 def test_cli_recall_routes_hybrid_and_per_layer_arms(tmp_path, capsys):
-    """`kvtax recall` hands hybrid specs and per-layer formats to the hybrid sessions."""
-    kv = "fp16,int4-g32+hk+ck@s4r16,int8+hk+ck/L0:fp16"
+    """`kvtax recall` runs hybrid specs and per-layer formats through its own sessions."""
+    kv = "fp16,int4-g32+hk+ck@s4r16,int8+hk+ck:L0=fp16"
     code = cli_main(["recall", "--model", "tiny", "--contexts", "400", "--facts", "2",
                      "--kv", kv, "--max-new-tokens", "2", "--out", str(tmp_path)])
     assert code == 0

@@ -11,9 +11,11 @@ An arm names what a layer's cache stores and, optionally, the attention path rea
     int8+hk:L0=fp16:L8=fp16    int8+hk everywhere but layers 0 and 8 (fp16)
     int4/unfused               int4 read by the unfused baseline (`kvtax bench --paths`)
 
-Each separator means one thing: "," between arms (command lines), "/" the path, ":" a
-layer override, "=" its format, "@" the fp16 sinks/recent suffix (like llama.cpp's
-`--override-tensor PATTERN=TYPE`, an override names what it overrides, then the type).
+Each separator means one thing: "," between arms (command lines), "/" the path,
+":L<i>=" a layer override (like llama.cpp's `--override-tensor PATTERN=TYPE`, an override
+names what it overrides, then the type), "@" the fp16 sinks/recent suffix. Another
+engine's arms use the same grammar with its own names: a ":" not followed by L<i>= is part
+of the name (llama.cpp's K:V types, `q8_0:q4_0/fa`).
 The older per-layer spelling "FORMAT/L0:fp16" is refused with the new one named.
 A row's `kv` field holds CACHE, its `arm` field CACHE/PATH.
 
@@ -64,7 +66,7 @@ class KVArm:
     @property
     def is_plain(self) -> bool:
         """True for one plain format in every layer (no overrides, no fp16 sinks/recent)."""
-        return not self.layers and not isinstance(parse_kv(self.base), HybridSpec)
+        return not self.layers and "@" not in self.base
 
     def specs(self) -> list["KVSpec | HybridSpec"]:
         """The parsed formats of the arm, base first; FormatError names a bad one."""
@@ -99,16 +101,20 @@ def parse_arm(text: str) -> KVArm:
                           f"{_new_spelling(raw)!r} now (FORMAT:L<i>=FORMAT)")
     if slash and (not path or "/" in path):
         raise FormatError(f"arm {raw!r}: write {GRAMMAR}")
-    base, *overrides = cache.split(":")
+    first, *rest = cache.split(":")
+    names, layers = [first], {}
+    for part in rest:
+        m = _LAYER.match(part)
+        if m:
+            layers[int(m[1])] = m[2]
+        elif "=" in part or layers:  # an override, or a name part after the overrides
+            raise FormatError(f"arm {raw!r}: a layer override is :L<index>=<format>, got "
+                              f"{part!r}")
+        else:
+            names.append(part)
+    base = ":".join(names)
     if not base:
         raise FormatError(f"arm {raw!r}: no format; write {GRAMMAR}")
-    layers: dict[int, str] = {}
-    for part in overrides:
-        m = _LAYER.match(part)
-        if not m:
-            raise FormatError(f"arm {raw!r}: a layer override is L<index>=<format>, got "
-                              f"{part!r}")
-        layers[int(m[1])] = m[2]
     return KVArm(base, layers, path or None)
 
 

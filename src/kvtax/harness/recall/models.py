@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from kvtax.harness.dtypes import kv_name, torch_dtype
+from kvtax.harness.kv_arm import parse_arm
 from kvtax.harness.recall.transcript import HFTextTokenizer, TextTokenizer
 from kvtax.models.gguf import gguf_folder  # noqa: F401 - where recall code found it
 
@@ -66,23 +67,24 @@ class RecallModel:
     sliding_kv: str | None = None
 
     def resolve(self, arm: str) -> tuple[str, str]:
-        """(kv, schema path) of an arm written "FORMAT[/PATH]" or "native".
+        """(kv, schema path) of an arm (`kvtax.harness.kv_arm`) or "native".
 
-        kvtax engine: every format on the fused path. hf engine: "native" (or the model's
-        dtype) is transformers' own cache (path fp16); "FORMAT" is kvtax's cache through
-        the transformers adapter (path fused); "FORMAT/hf-quantized" is transformers'
-        QuantizedCache. "FORMAT/L0:fp16[/L8:int8...]" keeps the listed layers in another
-        format (kvtax engine; `kvtax.harness.recall.hybrid_runner`): the whole arm is the kv.
+        kvtax engine: every cache (hybrid `int4+hk@s4r128`, per-layer `int8+hk:L0=fp16`)
+        on the fused path. hf engine: "native" (or the model's dtype) is transformers' own
+        cache (path fp16); "FORMAT" is kvtax's cache through the transformers adapter
+        (path fused); "FORMAT/hf-quantized" is transformers' QuantizedCache.
         """
-        kv, _, path = arm.strip().partition("/")
-        if path[:1] == "L" and ":" in path.split("/")[0]:  # per-layer formats, not a path
-            kv, path = arm.strip(), ""
+        parsed = parse_arm(arm)
+        kv, path = parsed.cache, parsed.path or ""
         if kv == "native":
             kv = self.native_kv
         if self.engine == "kvtax":
             if path not in ("", "fused"):
                 raise ValueError(f"arm {arm!r}: the kvtax engine runs the fused path only")
             return kv, "fused"
+        if not parsed.is_plain:
+            raise ValueError(f"arm {arm!r}: fp16 sinks/recent (@s<S>r<R>) and per-layer "
+                             "formats (:L<i>=FORMAT) need the kvtax engine")
         if kv == self.native_kv and path in ("", "fp16"):
             return kv, "fp16"
         if path not in ("", "fused", "hf-quantized"):
@@ -184,8 +186,9 @@ class Session:
             return
         from kvtax.models import Runner
 
-        self.runner = Runner(model.model, kv=kv, sliding_kv=model.sliding_kv,
-                             chunk_size=model.chunk_size)
+        arm = parse_arm(kv)  # a hybrid base and per-layer formats: the runner's caches
+        self.runner = Runner(model.model, kv=arm.base, overrides=arm.layers or None,
+                             sliding_kv=model.sliding_kv, chunk_size=model.chunk_size)
 
     def _prefill_prefix(self) -> None:
         self.runner.release_graph()
