@@ -62,6 +62,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_grid_options(p)
+    _add_run_options(p)
+    p.set_defaults(func=run)
+
+
+def _add_grid_options(p: argparse.ArgumentParser) -> None:
+    """What the sweep measures: model, contexts, arms, repetitions, phases."""
     p.add_argument("--model", default="tiny",
                    help="built-in config name, local HF folder, .gguf file or hub id "
                         "(default tiny); its config is read before any cell is planned")
@@ -102,6 +109,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(mlx-lm's quantized_kv_start; default 0)")
     p.add_argument("--seed", type=int, default=0,
                    help="order seed (also model weights and prompt; default 0)")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """Where rows go and how cells run: folder, resume, device, workers, limits, report."""
     p.add_argument("--out", default="runs", help="parent folder of run folders (default runs)")
     p.add_argument("--name", default=None, help="run folder suffix (default bench-<model>)")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
@@ -151,7 +162,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="order repetition by repetition (shuffled within each), so a sweep cut "
                         "short by --budget-s holds whole repetitions of every cell")
     p.add_argument("--no-report", action="store_true", help="skip writing the report")
-    p.set_defaults(func=run)
 
 
 def _positive_float(text: str) -> float:

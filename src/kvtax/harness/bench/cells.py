@@ -167,12 +167,7 @@ def model_cell(
 
     with use_attention(model, attention_for(path)), torch.inference_mode():
         if cell.get("extra", {}).get("inner_warmup", True):
-            w = min(ctx, int(cell["chunk_size"]), WARMUP_TOKENS)
-            warm = make(kv, w + 2 if cell.get("presize") else None)
-            logits = runner.prefill(ids[:, :w], warm)
-            runner.decode_greedy(logits.argmax(-1, keepdim=True), warm)
-            del warm, logits
-            runner.release_graph()  # the measured caches get their own graph
+            _warm_up(runner, ids, cell, lambda cap: make(kv, cap))
 
         def run_prefill() -> tuple[list[BaseCache], torch.Tensor]:
             if q_start > 0 and spec.is_quantized:
@@ -206,18 +201,7 @@ def model_cell(
         # greedy steps: on CUDA the argmax is captured with the step (one replay a token)
         tok = runner.decode_greedy(tok, caches)  # settle step
         if "decode" in cell["phases"] and n_dec > 0:
-            state = {"tok": tok}
-
-            def step() -> None:
-                state["tok"] = runner.decode_greedy(state["tok"], caches)
-
-            before = _growths(caches)
-            tl.start("decode")
-            samples = decode_loop(step, n_dec, device)
-            tl.stop("decode")
-            finish_decode(out, samples)
-            out["decode_growth_events"] = _growths(caches) - before
-            out["decode_growth"] = _growths(caches) > before
+            _measure_decode(runner, caches, tok, n_dec, tl)
         graph = bool(runner.cuda_graph and runner.graph_disabled_reason is None)
         out["sdpa_backend"] = decode_sdpa_backend(path, caches, cfg, dtype, graph)
     out["level"] = "model"
@@ -225,6 +209,35 @@ def model_cell(
     out["graph_off_reason"] = runner.graph_disabled_reason
     out["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     return out
+
+
+def _warm_up(runner: Any, ids: torch.Tensor, cell: dict[str, Any],
+             make: Callable[[int | None], list[BaseCache]]) -> None:
+    """An untimed short prompt and one greedy step over caches of their own, so one-off
+    costs (kernel compilation, graph capture) land outside every measured window."""
+    w = min(int(cell["context"]), int(cell["chunk_size"]), WARMUP_TOKENS)
+    warm = make(w + 2 if cell.get("presize") else None)
+    logits = runner.prefill(ids[:, :w], warm)
+    runner.decode_greedy(logits.argmax(-1, keepdim=True), warm)
+    del warm, logits
+    runner.release_graph()  # the measured caches get their own graph
+
+
+def _measure_decode(runner: Any, caches: list[BaseCache], tok: torch.Tensor, n: int,
+                    tl: Timeline) -> None:
+    """`n` timed greedy steps from `tok` `[B, 1]`: the decode fields of `tl.out`."""
+    state = {"tok": tok}
+
+    def step() -> None:
+        state["tok"] = runner.decode_greedy(state["tok"], caches)
+
+    before = _growths(caches)
+    tl.start("decode")
+    samples = decode_loop(step, n, tl.device)
+    tl.stop("decode")
+    finish_decode(tl.out, samples)
+    tl.out["decode_growth_events"] = _growths(caches) - before
+    tl.out["decode_growth"] = _growths(caches) > before
 
 
 def decode_sdpa_backend(

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from kvtax.attention import attention
-from kvtax.attention import attention
 
 
 def log_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -168,3 +167,17 @@ class _Tee:
 
     def view(self) -> Any:
         return self.cache.view()
+
+
+def ppl_deltas(summary: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    """A row's perplexity fields against the baseline's (`ppl_base`, `ppl_delta`, and the
+    same over all positions, `ppl_full_*`); all None without a baseline."""
+    out: dict[str, Any] = {"ppl_base": None, "ppl_delta": None, "ppl_full_base": None,
+                           "ppl_full_delta": None}
+    if base is None:
+        return out
+    for key in ("ppl", "ppl_full"):
+        if summary.get(key) is not None and base.get(key) is not None:
+            out[f"{key}_base"] = base[key]
+            out[f"{key}_delta"] = summary[key] - base[key]
+    return out

@@ -31,6 +31,7 @@ from kvtax.harness.kv_arm import parse_arm
 from kvtax.harness.quality.metrics import (
     LayerErrorProbe,
     TailStats,
+    ppl_deltas,
     kl_divergence,
     log_probs,
     nll,
@@ -242,44 +243,47 @@ def run_quality(
     if store is None:
         store = RunStore.create(root, name, cfg.to_dict())
     store.write_env(environment(cfg.device))
-    commit = git_commit()
     log(f"kvtax quality: run folder {store.path}")
-    done = store.done_cell_ids()
+    done, commit = store.done_cell_ids(), git_commit()
     kvs = [cfg.baseline] + [k for k in cfg.kvs if k != cfg.baseline]
-    seq = 0
-    for ctx in sorted(cfg.contexts):
-        cells = []
-        for kv in kvs:
-            cells.append(_cell(cfg, kv, ctx, seq))
-            seq += 1
-        if all(c["cell_id"] in done for c in cells):
-            continue
-        ids = torch.tensor([all_ids[: ctx + 1]])
-        ref_logp, base = None, None
-        for cell in cells:
-            kv = cell["kv"]
-            is_base = kv == cfg.baseline
-            if not is_base and ref_logp is None:
-                break  # the baseline failed: nothing to compare with
-            if not is_base and cell["cell_id"] in done:
-                continue
-            row = base_row(cell, run_id=store.run_id, device=cfg.device, git_commit=commit)
-            try:
-                measured, logp = measure(net, ids, kv, cfg, ref_logp, _progress(log, kv, ctx))
-                if is_base:
-                    ref_logp, base = logp, measured
-                row.update(measured, **_deltas(measured, base), status="ok")
-            except Exception as exc:  # noqa: BLE001 - a failed cell is a row, the run goes on
-                oom = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
-                row.update(status="oom" if oom else "error", phase="prefill",
-                           error=f"{type(exc).__name__}: {exc}")
-                row["traceback"] = traceback.format_exc()[-4000:]  # the row, not the terminal
-            row["timestamp"] = utc_now()
-            validate_row(row)
-            if cell["cell_id"] not in done:
-                store.append(row)
-            log(_line(row))
+    for i, ctx in enumerate(sorted(cfg.contexts)):
+        cells = [_cell(cfg, kv, ctx, i * len(kvs) + j) for j, kv in enumerate(kvs)]
+        if not all(c["cell_id"] in done for c in cells):
+            _run_context(net, torch.tensor([all_ids[: ctx + 1]]), cells, cfg, store, done,
+                         commit, log)
     return store.path
+
+
+def _run_context(net: Any, ids: torch.Tensor, cells: list[dict[str, Any]], cfg: QualityConfig,
+                 store: RunStore, done: set[str], commit: str | None,
+                 log: Callable[[str], None]) -> None:
+    """The cells of one context `ids` `[1, c + 1]`: the baseline's pass first (its
+    log-probabilities are what every format is compared with), then each format's; each
+    cell's row appended unless the run folder has it."""
+    ref_logp, base = None, None
+    for cell in cells:
+        kv, ctx = cell["kv"], cell["context"]
+        is_base = kv == cfg.baseline
+        if not is_base and ref_logp is None:
+            break  # the baseline failed: nothing to compare with
+        if not is_base and cell["cell_id"] in done:
+            continue
+        row = base_row(cell, run_id=store.run_id, device=cfg.device, git_commit=commit)
+        try:
+            measured, logp = measure(net, ids, kv, cfg, ref_logp, _progress(log, kv, ctx))
+            if is_base:
+                ref_logp, base = logp, measured
+            row.update(measured, **ppl_deltas(measured, base), status="ok")
+        except Exception as exc:  # noqa: BLE001 - a failed cell is a row, the run goes on
+            oom = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+            row.update(status="oom" if oom else "error", phase="prefill",
+                       error=f"{type(exc).__name__}: {exc}")
+            row["traceback"] = traceback.format_exc()[-4000:]  # the row, not the terminal
+        row["timestamp"] = utc_now()
+        validate_row(row)
+        if cell["cell_id"] not in done:
+            store.append(row)
+        log(_line(row))
 
 
 def measure(
@@ -314,18 +318,6 @@ def measure(
         seconds=time.perf_counter() - t0,
     )
     return row, logp
-
-
-def _deltas(summary: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"ppl_base": None, "ppl_delta": None, "ppl_full_base": None,
-                           "ppl_full_delta": None}
-    if base is None:
-        return out
-    for key in ("ppl", "ppl_full"):
-        if summary.get(key) is not None and base.get(key) is not None:
-            out[f"{key}_base"] = base[key]
-            out[f"{key}_delta"] = summary[key] - base[key]
-    return out
 
 
 def _progress(log: Callable[[str], None], kv: str, ctx: int) -> Callable[[int], None]:
