@@ -33,7 +33,8 @@ from kvtax.harness.quality.metrics import (
     top1_agree,
 )
 from kvtax.harness.quality.tables import quality_text_table, section_quality
-from kvtax.harness.recall.models import ByteTextTokenizer, load_recall_model
+from kvtax.harness.recall.models import load_recall_model
+from kvtax.harness.text import ByteTextTokenizer
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import read_rows
 from tests.models_env import one_thread  # noqa: F401 - autouse fixture

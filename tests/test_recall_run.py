@@ -14,14 +14,10 @@ import torch
 
 from kvtax.cli import main as cli_main
 from kvtax.harness.recall.probe import RecallConfig, answer_text, ordered_arms, run_recall
-from kvtax.harness.recall.models import (
-    ByteTextTokenizer,
-    RecallModel,
-    load_recall_model,
-    stop_after_line,
-)
+from kvtax.harness.recall.models import RecallModel, load_recall_model, stop_after_line
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import read_rows
+from kvtax.harness.text import ByteTextTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -22,29 +22,13 @@ import torch
 
 from kvtax.harness.dtypes import kv_name, torch_dtype
 from kvtax.harness.kv_arm import parse_arm
-from kvtax.harness.recall.transcript import HFTextTokenizer, TextTokenizer
+from kvtax.harness.text import ByteTextTokenizer, HFTextTokenizer, TextTokenizer
 from kvtax.models.gguf import gguf_folder  # noqa: F401 - where recall code found it
 
 
 
 class Unavailable(RuntimeError):
     """This engine cannot run this arm here (a missing package or adapter); not a failure."""
-
-
-class ByteTextTokenizer:
-    """The runner's byte tokenizer without its automatic BOS, which the frame adds once."""
-
-    def __init__(self, bos: int = 256, eos: int = 257):
-        self.bos, self.eos_token_id = bos, eos
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
-
-    def prefix_ids(self) -> list[int]:
-        return [self.bos]
 
 
 def stop_after_line(text: str) -> bool:
