@@ -79,7 +79,9 @@ def _add_grid_options(p: argparse.ArgumentParser) -> None:
                         "4k,16k,32k,64k,128k on CUDA)")
     add_engine(p, extra="; kvtax's arms are the paths below")
     p.add_argument("--kv", type=_csv, default=None,
-                   help="KV formats: fp16,int8,int4,fp8,k8v4,int4-g32 ... (default fp16,int8,int4); "
+                   help="KV caches: fp16,int8,int4,fp8,k8v4,int4-g32 ... (default fp16,int8,int4); "
+                        "FORMAT@s<S>r<R> (fp16 sinks/recent) and FORMAT:L<i>=FORMAT (per-layer) "
+                        "run on the fused path at --level model (kvtax.harness.kv_arm); "
                         "another engine's own cache settings (its default otherwise)")
     p.add_argument("--paths", type=_csv, default=None,
                    help="attention paths (default all: fused,fp16,unfused,dequant,hf-quantized; "
@@ -257,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     """Validate everything (model config, contexts, arms) before the first cell, sweep, then
     report; the exit status says whether the run's cells were measured (kvtax.cli.outcome)."""
     from kvtax.cli.outcome import report_outcome
-    from kvtax.cli.validate import check_contexts, check_formats, check_model
+    from kvtax.cli.validate import check_arms, check_contexts, check_model
     from kvtax.harness.bench.plan import SweepConfig
     from kvtax.harness.store import RunStore
     from kvtax.harness.bench.sweep import RESUME_KEYS, check_engine, run_sweep
@@ -275,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = _config(args)
         if cfg.engine == "kvtax":
-            check_formats(cfg.kvs)
+            cfg.kvs = check_arms(",".join(cfg.kvs))
         if cfg.device.startswith("cuda"):
             import torch
 

@@ -104,18 +104,21 @@ def check_arms(text: str | None, option: str = "--kv", allow: tuple[str, ...] = 
     them parsed before a model loads; FormatError (exit 2) names the bad arm (`allow`:
     other accepted words, e.g. "native"). Returns the arms as written, blanks dropped."""
     from kvtax.errors import FormatError
-    from kvtax.harness.kv_arm import parse_arms
+    from kvtax.harness.kv_arm import parse_arm
 
-    try:
-        arms = parse_arms(text)
-        if not arms:
-            raise OptionError(f"{option} names no format")
-        for arm in arms:
+    names = [a.strip() for a in (text or "").split(",") if a.strip()]
+    if not names:
+        raise OptionError(f"{option} names no format")
+    out = []
+    for name in names:
+        try:
+            arm = parse_arm(name)
             if arm.base not in allow:
                 arm.specs()
-    except FormatError as exc:
-        raise FormatError(f"{option}: {exc}") from None
-    return [a.name for a in arms]
+        except FormatError as exc:
+            raise FormatError(f"{option} {name}: {exc}") from None
+        out.append(arm.name)
+    return out
 
 
 def set_threads(threads: int | None) -> None:

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.formats import KVSpec
+from kvtax.formats.hybrid import HybridSpec, parse_kv
 from kvtax.attention.baselines import attention_for, sdpa_backend
 from kvtax.harness.bench.hooks import use_sdpa_backend
 from kvtax.harness.bench.timeline import (
@@ -36,6 +37,7 @@ from kvtax.harness.bench.timeline import (
     sync,
 )
 from kvtax.harness.dtypes import torch_dtype
+from kvtax.harness.kv_arm import parse_arm
 
 def _growths(caches: list[BaseCache]) -> int:
     return sum(c.growth_events for c in caches)
@@ -151,13 +153,17 @@ def model_cell(
     cfg = model.config
     # Every path decodes in the same runner: the baselines too are captured (masked reads of
     # the presized storage, lengths from the device), so arms differ in attention alone.
-    runner = Runner(model, kv=kv, chunk_size=int(cell["chunk_size"]),
-                    cuda_graph=cell.get("cuda_graph"))
+    arm = parse_arm(kv)  # hybrid and per-layer caches: the runner's own (kv_arm grammar)
+    runner = Runner(model, kv=arm.base, overrides=arm.layers or None,
+                    chunk_size=int(cell["chunk_size"]), cuda_graph=cell.get("cuda_graph"))
     gen = torch.Generator(device="cpu").manual_seed(int(cell["seed"]))
     ids = torch.randint(0, cfg.vocab_size, (b, ctx), generator=gen).to(device)
     capacity = ctx + n_dec + 2 if cell.get("presize") else None
     q_start = int(cell.get("quantized_kv_start") or 0)
-    spec = KVSpec.parse(kv)
+    if q_start and not arm.is_plain:
+        raise ValueError("quantized_kv_start converts into one plain format; use 0 with "
+                         f"{kv}")
+    spec = parse_kv(arm.base)
     out = tl.out
 
     def make(spec_name: str, cap: int | None) -> list[BaseCache]:
@@ -195,7 +201,7 @@ def model_cell(
             caches, logits = run_prefill()
         out["cache_bytes"] = sum(c.nbytes for c in caches)
         out["cache_used_bytes"] = sum(c.used_nbytes for c in caches)
-        out["bytes_per_token"] = model_bytes_per_token(cfg, spec, dtype)
+        out["bytes_per_token"] = model_bytes_per_token(cfg, spec, dtype, arm.layers)
         out["prefill_growth_events"] = _growths(caches)
         tok = logits.argmax(-1, keepdim=True)  # EOS ignored: greedy tokens, whatever they are
         # greedy steps: on CUDA the argmax is captured with the step (one replay a token)
@@ -246,6 +252,8 @@ def decode_sdpa_backend(
 ) -> str | None:
     """The SDPA backend a decode step of `path` dispatched to over a global layer's cache
     (its captured, masked form when `captured`); None for paths without SDPA."""
+    if path not in ("fp16", "dequant"):  # the others call no SDPA (and may read hybrids)
+        return None
     cache = next((c for c in caches if getattr(c, "window", None) is None), caches[0])
     view = cache.view()
     if captured:
@@ -255,10 +263,18 @@ def decode_sdpa_backend(
     return sdpa_backend(path, q, view, fold_gqa)
 
 
-def model_bytes_per_token(cfg: Any, spec: KVSpec, dtype: torch.dtype) -> int:
-    """K+V bytes one token adds across all layers (sliding layers included)."""
+def model_bytes_per_token(cfg: Any, spec: "KVSpec | HybridSpec", dtype: torch.dtype,
+                          overrides: Mapping[int, str] | None = None) -> int:
+    """K+V bytes one token adds across all layers (sliding layers included); `overrides`:
+    layer index → format. A hybrid layer's token adds one body row (its fp16 sinks and
+    recent window are a fixed size)."""
     assert cfg.head_dim is not None
-    return spec.bytes_per_token(cfg.head_dim, dtype) * cfg.num_kv_heads * cfg.num_layers
+    total = 0
+    for i in range(cfg.num_layers):
+        s = parse_kv(overrides[i]) if overrides and i in overrides else spec
+        body = s.base if isinstance(s, HybridSpec) else s
+        total += body.bytes_per_token(cfg.head_dim, dtype) * cfg.num_kv_heads
+    return total
 
 
 def convert_caches(
