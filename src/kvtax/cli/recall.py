@@ -105,7 +105,6 @@ def _engine_arms(engine: str, kv_text: str | None) -> list[str]:
     """Another engine's arms (its defaults when --kv is not given); refuses (one line) a
     missing engine package or an arm the engine does not know, before any folder is made."""
     from kvtax.harness.engines import require_engine
-
     from kvtax.harness.kv_arm import parse_arms
 
     cls = require_engine(engine)

@@ -13,7 +13,7 @@ Two engines behind one `session(kv, path, prefix, capacity).ask(suffix, budget)`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
