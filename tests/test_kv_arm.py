@@ -77,3 +77,22 @@ def test_bench_plans_hybrid_and_per_layer_arms_on_the_fused_path_only() -> None:
                              (["int8:L99=fp16"], "model", "outside")):
         with pytest.raises(FormatError, match=says):
             SweepConfig(model="tiny", kvs=kvs, level=level).arms()
+
+
+def test_bench_bytes_per_token_counts_each_layers_format() -> None:
+    """A per-layer arm's token costs each layer's own format; a hybrid layer's one body row
+    (its fp16 sinks and recent window are a fixed size, not a per-token cost)."""
+    import torch
+
+    from kvtax.formats import KVSpec
+    from kvtax.formats.hybrid import parse_kv
+    from kvtax.harness.bench.cells import model_bytes_per_token
+    from kvtax.models import get_config
+
+    cfg = get_config("tiny")
+    d, h, n = cfg.head_dim, cfg.num_kv_heads, cfg.num_layers
+    int8, fp16 = (KVSpec.parse(s).bytes_per_token(d, torch.float32) * h for s in ("int8", "fp16"))
+    assert model_bytes_per_token(cfg, parse_kv("int8"), torch.float32) == n * int8
+    assert model_bytes_per_token(cfg, parse_kv("int8"), torch.float32,
+                                 {0: "fp16"}) == (n - 1) * int8 + fp16
+    assert model_bytes_per_token(cfg, parse_kv("int8@s4r16"), torch.float32) == n * int8
