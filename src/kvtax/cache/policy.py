@@ -47,10 +47,12 @@ def make_caches(
         raise ValueError(f"overrides name layers {bad} outside 0..{len(windows) - 1}")
     caches: list[BaseCache] = []
     for i, window in enumerate(windows):
-        layer_spec = parse_kv(overrides.get(i, spec if window is None else (sliding_spec or spec)))
-        if isinstance(layer_spec, HybridSpec):
-            caches.append(HybridCache(layer_spec, window=window, capacity=capacity,  # type: ignore[arg-type]
-                                      max_chunk=max_chunk, check_finite=check_finite))
+        layer_spec = overrides.get(i, spec if window is None else (sliding_spec or spec))
+        # a plain name goes on as given: the caches fit its group size to the head_dim
+        if isinstance(parse_kv(layer_spec), HybridSpec):
+            hybrid = HybridCache(layer_spec, window=window, capacity=capacity,
+                                 max_chunk=max_chunk, check_finite=check_finite)
+            caches.append(hybrid)  # type: ignore[arg-type]  # the same interface, no subclass
         elif window is None:
             caches.append(FullCache(layer_spec, capacity=capacity, check_finite=check_finite))
         else:
