@@ -3,9 +3,10 @@
 `TextEngine` gives an engine `tokenize` / `detokenize` / `prefix_ids` / `render_chat`
 through the harness's one tokenizer protocol (kvtax.harness.text.TextTokenizer: HF
 tokenizers without automatic special tokens, plus their BOS and chat template; or the
-byte tokenizer of the built-in random configs), and `generate` as prefill + greedy `decode(1)` steps that stop at EOS or
-when `stop(text)` says so. Subclasses set `self.text` (None: no tokenizer) and
-`self.eos` in `load` and keep the last sampled token in `last_token()`.
+byte tokenizer of the built-in random configs), and `generate` as prefill + greedy
+`decode(1)` steps that stop at EOS or when `stop(text)` says so. Subclasses set `self.text`
+(None: no tokenizer) and `self.eos` in `load` and keep the last sampled token in
+`last_token()`.
 """
 
 from __future__ import annotations
