@@ -17,7 +17,8 @@ import torch
 
 from kvtax.cache import FullCache
 from kvtax.formats import KVSpec, rotate
-from kvtax.harness.quality.probe import load_recall_model, text_ids, text_of
+from kvtax.harness.quality.probe import text_ids, text_of
+from kvtax.harness.recall.models import load_recall_model
 from kvtax.models.runner import Runner
 
 

@@ -12,7 +12,6 @@ import torch
 
 from kvtax.attention import attention, attention_blockwise
 from kvtax.attention.reference import attention_naive
-from kvtax.attention.hybrid import hybrid_attention
 from kvtax.cache import FullCache, SlidingCache
 from kvtax.cache.hybrid import HybridCache
 from kvtax.errors import FormatError
@@ -119,7 +118,7 @@ def test_hybrid_parts_share_one_shift() -> None:
         c = HybridCache(spec)
         c.append(k[:, :, :120], v[:, :, :120])
         c.append(k[:, :, 120:], v[:, :, 120:])
-        rel[spec] = errors(hybrid_attention(q, c.view()), ref)[1]
+        rel[spec] = errors(attention(q, c.view()), ref)[1]
         if "ck" in spec:
             assert c.key_shift is not None
             assert all(p.key_shift is None and not p.center_keys for p in c.parts)
@@ -135,7 +134,7 @@ def test_soft_capping_refuses_centered_keys() -> None:
     h = HybridCache("int8+ck@s2r4")
     h.append(k, v)
     with pytest.raises(FormatError, match="soft-capping"):
-        hybrid_attention(q, h.view(), softcap=30.0)
+        attention(q, h.view(), softcap=30.0)
     attention(q, c.view())  # no cap: fine
 
 

@@ -123,12 +123,13 @@ def test_quality_arms_fit_head_dim(tmp_path) -> None:
     """`kvtax quality`'s default arms (int8, int4+hk, ...) at head_dim 96 run, named by the
     group they took; hybrid and per-layer arms keep their suffixes."""
     from kvtax.formats.hybrid import fit_kv_name
+    from kvtax.harness.kv_arm import parse_arm
     from kvtax.harness.quality.probe import QualityConfig, run_quality
     from kvtax.harness.recall.models import RecallModel, load_recall_model
     from kvtax.harness.store import read_rows
 
-    assert fit_kv_name("int8+hk@s4r128/L0:int4", 96) == "int8-g32+hk@s4r128/L0:int4-g32"
-    assert fit_kv_name("int4/hf-quantized", 80) == "int4-g16/hf-quantized"
+    assert parse_arm("int8+hk@s4r128:L0=int4").fit(96).cache == "int8-g32+hk@s4r128:L0=int4-g32"
+    assert parse_arm("int4/hf-quantized").fit(80).name == "int4-g16/hf-quantized"
     assert fit_kv_name("8", 128) == "8" and fit_kv_name("native", 96) == "native"
     tiny = load_recall_model("tiny", seed=3)
     net = random_model(_shrunk("llama-3.1-8b", 96))

@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
+from kvtax.attention import attention
 from kvtax.attention.reference import attention_naive
-from kvtax.attention.hybrid import hybrid_attention
 from kvtax.attention.lse import attention_lse, merge_lse
-from kvtax.cache import FullCache
-from kvtax.cache.hybrid import HybridCache, make_hybrid_caches
+from kvtax.cache import FullCache, make_caches
+from kvtax.cache.hybrid import HybridCache
 from kvtax.errors import CapacityError, FormatError
 from kvtax.formats import rotate
 from kvtax.formats.hybrid import HybridSpec, parse_kv
@@ -80,7 +80,7 @@ def test_hybrid_matches_per_query_concatenation(name, window, chunks) -> None:
     for t in chunks:  # every chunk's queries, right after its K/V were appended
         cache.append(k[:, :, start:start + t], v[:, :, start:start + t])
         start += t
-        got = hybrid_attention(q[:, :, start - t:start], cache.view())
+        got = attention(q[:, :, start - t:start], cache.view())
         want = _expected(q[:, :, :start], k[:, :, :start], v[:, :, :start], spec, window)
         assert_close(got, want[:, :, start - t:start].float(), atol=2e-5, rel_rms=2e-6,
                      what=f"{name} after {start} tokens")
@@ -97,7 +97,7 @@ def test_softcap_and_limits_against_plain_caches() -> None:
     for c in (plain, fp16, wide):
         c.append(k, v)
     want_wide = attention_naive(q, fp16.view(), softcap=5.0)
-    assert_close(hybrid_attention(q, wide.view(), softcap=5.0), want_wide, atol=1e-5,
+    assert_close(attention(q, wide.view(), softcap=5.0), want_wide, atol=1e-5,
                  rel_rms=1e-6, what="recent covers everything")
     got, lse = attention_lse(q, plain.view(), softcap=5.0)
     assert_close(got, attention_naive(q, plain.view(), softcap=5.0), atol=1e-5, rel_rms=1e-6)
@@ -105,7 +105,7 @@ def test_softcap_and_limits_against_plain_caches() -> None:
     spec = parse_kv("int4@s3r5")
     cache = HybridCache(spec)
     cache.append(k, v)
-    assert_close(hybrid_attention(q, cache.view(), softcap=5.0),
+    assert_close(attention(q, cache.view(), softcap=5.0),
                  _expected(q, k, v, spec, None, softcap=5.0).float(), atol=2e-5, rel_rms=2e-6)
 
 
@@ -147,7 +147,7 @@ def test_bytes_trim_reset_and_layers() -> None:
     assert cache.nbytes >= cache.used_nbytes and len(cache) == 300
     assert spec.bytes_for(300, 64) // 3 > 0
     assert spec.bytes_for(300, 64) == 300 * spec.base.bytes_per_token(64) + 36 * 256
-    caches = make_hybrid_caches([None, 512, 16], "int4+hk@s4r64")
+    caches = make_caches([None, 512, 16], "int4+hk@s4r64")
     assert caches[0].body is not None and caches[1].sinks == 0 and caches[2].body is None
     cache.reset()
     assert len(cache) == 0
@@ -183,7 +183,28 @@ def test_trim_after_the_ring_wrapped_equals_a_fresh_cache() -> None:
         at = n + extra + t
         trimmed.append(k[:, :, at:at + 1], v[:, :, at:at + 1])
     fresh.append(kf, vf)
-    got = hybrid_attention(q, trimmed.view())
-    assert_close(got, hybrid_attention(q, fresh.view()), atol=1e-6, rel_rms=1e-6)
+    got = attention(q, trimmed.view())
+    assert_close(got, attention(q, fresh.view()), atol=1e-6, rel_rms=1e-6)
     with pytest.raises(CapacityError):
         trimmed.trim(33)  # 33 + 16 - 1 > 47 ring slots: the ring no longer holds them
+
+
+def test_attention_routes_a_hybrid_view_by_type() -> None:
+    """`attention(q, hybrid_view)` is the LSE merge of its parts (the plain-view entry point
+    serves hybrid caches); impl="reference" is the same call, and what the merge cannot
+    serve (non-causal, padding, forced kernels on CPU) is refused, not approximated."""
+    gen = torch.Generator().manual_seed(7)
+    k, v = rand_kv((1, 2, 90, 64), gen=gen), rand_kv((1, 2, 90, 64), gen=gen)
+    q = rand_kv((1, 4, 3, 64), gen=gen)
+    cache = HybridCache("int4+hk@s4r16")
+    cache.append(k, v)
+    view = cache.view()
+    want = merge_lse([attention_lse(q, p.view, min_distance=p.min_distance,
+                                    min_key=p.min_key) for p in view.parts])[0]
+    assert_close(attention(q, view), want.to(q.dtype), atol=1e-6, rel_rms=1e-6)
+    assert_close(attention(q, view, impl="reference"), want.to(q.dtype), atol=1e-6,
+                 rel_rms=1e-6)
+    with pytest.raises(ValueError, match="causal"):
+        attention(q, view, causal=False)
+    with pytest.raises(RuntimeError, match="cannot run"):
+        attention(q, view, impl="triton")

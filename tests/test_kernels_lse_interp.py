@@ -16,9 +16,9 @@ import torch
 from tests import kernels_env as ke
 from tests.kernels_env import DEVICE, TOLERANCE, build, interpret_mode  # noqa: F401 (autouse)
 
-from kvtax.attention import hybrid as hybrid_mod  # noqa: E402  (after kernels_env set the mode)
+from kvtax.attention import dispatch as dispatch_mod  # noqa: E402  (after kernels_env set the mode)
 from kvtax.attention import launch, triton_api
-from kvtax.attention.hybrid import hybrid_attention, part_attention
+from kvtax.attention.dispatch import attention as hybrid_attention, part_attention
 from kvtax.attention.lse import attention_lse
 from kvtax.attention.triton_api import LaunchConfig, triton_attention_lse
 from kvtax.cache.hybrid import HybridCache
@@ -159,13 +159,13 @@ def test_hybrid_cache_kernels_match_reference(spec, window, chunks, monkeypatch)
     monkeypatch.setattr(triton_api, "triton_attention_lse", spy)
     for step, (q, view) in enumerate(_hybrid_run(spec, window, chunks, 3)):
         with monkeypatch.context() as m:
-            m.setattr(hybrid_mod, "kernel_unavailable", lambda *a: "forced reference")
+            m.setattr(dispatch_mod, "kernel_unavailable", lambda *a: "forced reference")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the forced reference on CUDA warns
                 ref = hybrid_attention(q.float(), view)
         m_calls = len(calls)
         with monkeypatch.context() as m:
-            m.setattr(hybrid_mod, "kernel_unavailable", lambda *a: None)  # CPU: interpreter
+            m.setattr(dispatch_mod, "kernel_unavailable", lambda *a: None)  # CPU: interpreter
             got = hybrid_attention(q, view)
         assert len(calls) == m_calls + len(view.parts), "every part should use the kernels"
         assert got.dtype == q.dtype

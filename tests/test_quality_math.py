@@ -12,11 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kvtax.cache import make_caches
 from kvtax.cli import main as cli_main
+from kvtax.errors import FormatError
+from kvtax.harness.kv_arm import parse_arm
 from kvtax.harness.quality.probe import (
     QualityConfig,
     QualityInputError,
-    build_caches,
     check_config,
     run_quality,
     score_pass,
@@ -31,7 +33,8 @@ from kvtax.harness.quality.metrics import (
     top1_agree,
 )
 from kvtax.harness.quality.tables import quality_text_table, section_quality
-from kvtax.harness.recall.models import ByteTextTokenizer, load_recall_model
+from kvtax.harness.recall.models import load_recall_model
+from kvtax.harness.text import ByteTextTokenizer
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import read_rows
 from tests.models_env import one_thread  # noqa: F401 - autouse fixture
@@ -90,18 +93,18 @@ def test_pass_equals_one_forward_whatever_the_chunking(name, request) -> None:
     net = request.getfixturevalue(name).model
     windows = net.config.layer_windows()
     ids, c = _ids(150), 150
-    whole = net(ids[:, :c], build_caches(windows, "fp32", None, c), torch.arange(c),
+    whole = net(ids[:, :c], make_caches(windows, "fp32", max_chunk=c), torch.arange(c),
                 last_only=False)[0]
     want = nll(whole, ids[0, 1:])
     for chunk in (150, 37):
-        stats, ref = score_pass(net, build_caches(windows, "fp32", None, chunk), ids,
+        stats, ref = score_pass(net, make_caches(windows, "fp32", max_chunk=chunk), ids,
                                 chunk=chunk, tail=20)
         assert ref is not None and ref.shape == (20, net.config.vocab_size)
         assert stats.full_count == c
         assert stats.summary()["ppl_full"] == pytest.approx(math.exp(want.mean().item()),
                                                             rel=1e-5)
         assert stats.tail_nll == pytest.approx(want[-20:].tolist(), rel=1e-4, abs=1e-5)
-        again, _ = score_pass(net, build_caches(windows, "fp32", None, chunk), ids,
+        again, _ = score_pass(net, make_caches(windows, "fp32", max_chunk=chunk), ids,
                               chunk=chunk, tail=20, ref_logp=ref)
         # fp32 KV, same chunking: identical arithmetic, so exactly zero.
         assert max(again.kl) == 0.0 and all(again.agree)
@@ -116,9 +119,9 @@ def test_probe_measures_each_layer_and_undoes_itself(gemma) -> None:
     before = [layer.attn.attn_fn for layer in net.layers]
     errs = {}
     for kv in ("fp16", "int8", "int4"):
-        probe = LayerErrorProbe(net, build_caches(windows, "fp16", None, 64), 130 - 16)
+        probe = LayerErrorProbe(net, make_caches(windows, "fp16", max_chunk=64), 130 - 16)
         with probe:
-            score_pass(net, build_caches(windows, kv, None, 64), ids, chunk=64, tail=16,
+            score_pass(net, make_caches(windows, kv, max_chunk=64), ids, chunk=64, tail=16,
                        probe=probe)
         errs[kv] = probe.layer_errors()
         heads = probe.head_errors()
@@ -146,26 +149,30 @@ def test_input_errors(tiny) -> None:
 
 
 def test_layer_overrides_build_those_layers_in_their_format() -> None:
-    """`FMT/L<i>:<format>` arms keep the named layers in another format (the lever the
-    per-layer error table points at); bad overrides are refused with the reason."""
-    caches = build_caches([None, 512, None], "int8+hk/L0:fp16/L2:int4", None, 64)
+    """`FMT:L<i>=<format>` arms keep the named layers in another format (the lever the
+    per-layer error table points at); bad overrides are refused with the reason, and the
+    older `FMT/L<i>:<format>` spelling is refused naming the new one."""
+    arm = parse_arm("int8+hk:L0=fp16:L2=int4")
+    caches = make_caches([None, 512, None], arm.base, overrides=arm.layers, max_chunk=64)
     assert [c.spec.name for c in caches] == ["fp16", "int8+hk", "int4"]
     assert caches[1].window == 512  # the others keep their layer's attention kind
-    with pytest.raises(QualityInputError, match="outside"):
-        build_caches([None, None], "int8/L5:fp16", None, 64)
-    for bad in ("int8/0:fp16", "int8/L0", "int8/Lx:fp16"):
-        with pytest.raises(QualityInputError, match="L<index>:<format>"):
+    with pytest.raises(FormatError, match="outside"):
+        parse_arm("int8:L5=fp16").check(num_layers=2)
+    for bad in ("int8:0=fp16", "int8:Lx=fp16", "int8:L0=fp16:x"):
+        with pytest.raises(FormatError, match="L<index>=<format>"):
             check_config(QualityConfig(contexts=[64], tail=8, kvs=[bad]))
+    with pytest.raises(FormatError, match="'int8:L0=fp16:L8=int4'"):
+        check_config(QualityConfig(contexts=[64], tail=8, kvs=["int8/L0:fp16/L8:int4"]))
     with pytest.raises(ValueError, match="unknown KV format"):
-        check_config(QualityConfig(contexts=[64], tail=8, kvs=["int8/L0:int5"]))
+        check_config(QualityConfig(contexts=[64], tail=8, kvs=["int8:L0=int5"]))
 
 
 def test_run_refuses_unknown_layers_before_any_cell(tmp_path, tiny) -> None:
     """A layer override past the model's last layer fails up front, not when its arm's
     first cell comes (after the other arms' passes) and before any run folder is made."""
     n = len(tiny.model.config.layer_windows())
-    cfg = QualityConfig(model="tiny", contexts=[64], kvs=["int8", f"int8/L{n}:fp16"], tail=8)
-    with pytest.raises(QualityInputError, match=f"outside 0..{n - 1}"):
+    cfg = QualityConfig(model="tiny", contexts=[64], kvs=["int8", f"int8:L{n}=fp16"], tail=8)
+    with pytest.raises(FormatError, match=f"outside 0..{n - 1}"):
         run_quality(cfg, tmp_path, model=tiny, log=lambda s: None)
     assert not any(tmp_path.iterdir())
 

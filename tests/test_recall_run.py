@@ -14,14 +14,10 @@ import torch
 
 from kvtax.cli import main as cli_main
 from kvtax.harness.recall.probe import RecallConfig, answer_text, ordered_arms, run_recall
-from kvtax.harness.recall.models import (
-    ByteTextTokenizer,
-    RecallModel,
-    load_recall_model,
-    stop_after_line,
-)
+from kvtax.harness.recall.models import RecallModel, load_recall_model, stop_after_line
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import read_rows
+from kvtax.harness.text import ByteTextTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +98,8 @@ def test_cli_recall_writes_run_and_report(tmp_path, capsys):
 
 
 def test_cli_recall_routes_hybrid_and_per_layer_arms(tmp_path, capsys):
-    """`kvtax recall` hands hybrid specs and per-layer formats to the hybrid sessions."""
-    kv = "fp16,int4-g32+hk+ck@s4r16,int8+hk+ck/L0:fp16"
+    """`kvtax recall` runs hybrid specs and per-layer formats through its own sessions."""
+    kv = "fp16,int4-g32+hk+ck@s4r16,int8+hk+ck:L0=fp16"
     code = cli_main(["recall", "--model", "tiny", "--contexts", "400", "--facts", "2",
                      "--kv", kv, "--max-new-tokens", "2", "--out", str(tmp_path)])
     assert code == 0

@@ -14,6 +14,8 @@ import torch
 
 from kvtax.attention.blockwise import attention_blockwise
 from kvtax.attention.checks import rotate_query, unrotate_output
+from kvtax.attention.hybrid import HybridPart, HybridView
+from kvtax.attention.lse import attention_lse, merge_lse
 from kvtax.attention.view import CacheView
 from kvtax.errors import FormatError
 from kvtax.formats.spec import centering_conflict
@@ -24,7 +26,7 @@ _warned: set[str] = set()
 
 def attention(
     q: torch.Tensor,
-    view: CacheView,
+    view: CacheView | HybridView,
     *,
     scale: float | None = None,
     softcap: float | None = None,
@@ -35,7 +37,8 @@ def attention(
     """Attention of the last `L` positions' queries over a (quantized) cache view.
 
     q:     `[B, H_q, L, D]` in fp16/bf16/fp32; H_q a multiple of the cache's KV heads.
-    view:  `cache.view()` of the layer's cache, already holding these L tokens' K/V.
+    view:  `cache.view()` of the layer's cache, already holding these L tokens' K/V; a
+           HybridCache's HybridView is the LSE merge of `part_attention` over its parts.
     Returns `[B, H_q, L, D]` in q.dtype. Causal masking is bottom-right aligned; the
     view's window and sinks apply. `impl="triton"` raises where the kernels can't run.
     kv_start: optional int `[B]`, each row's first valid key position (left padding).
@@ -44,6 +47,12 @@ def attention(
         cache.append(k, v)
         out = attention(q, cache.view(), softcap=None)
     """
+    if isinstance(view, HybridView):
+        if not causal or kv_start is not None:
+            raise ValueError("hybrid-cache attention is causal and takes no kv_start")
+        parts = [part_attention(q, p, scale=scale, softcap=softcap, impl=impl)
+                 for p in view.parts]
+        return merge_lse(parts)[0].to(q.dtype)
     refuse_centered_softcap(view, softcap)
     ref = dict(scale=scale, softcap=softcap, causal=causal, kv_start=kv_start)
     if impl == "reference":
@@ -62,6 +71,29 @@ def attention(
         raise RuntimeError(f"Triton attention cannot run this call: {reason}")
     warn_reference_once(q, reason, "attention", stacklevel=3)
     return attention_blockwise(q, view, **ref)
+
+
+def part_attention(
+    q: torch.Tensor, part: HybridPart, *, scale: float | None = None,
+    softcap: float | None = None, impl: Impl = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(out [B, H_q, L, D], lse [B, H_q, L])` float32 of `q` over one hybrid part, its
+    masks applied: the fused kernels where they serve the part's view (CUDA), else
+    `attention_lse` (the torch reference)."""
+    refuse_centered_softcap(part.view, softcap)
+    kw = dict(scale=scale, softcap=softcap, min_distance=part.min_distance,
+              min_key=part.min_key)
+    if impl == "reference":
+        return attention_lse(q, part.view, **kw)
+    reason = kernel_unavailable(q, part.view, True)
+    if reason is None:
+        from kvtax.attention.triton_api import triton_attention_lse
+
+        return triton_attention_lse(q, part.view, **kw)
+    if impl == "triton":
+        raise RuntimeError(f"Triton attention cannot run this call: {reason}")
+    warn_reference_once(q, reason, "hybrid-cache attention", stacklevel=4)
+    return attention_lse(q, part.view, **kw)
 
 
 def refuse_centered_softcap(view: CacheView, softcap: float | None) -> None:

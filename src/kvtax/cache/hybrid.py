@@ -17,13 +17,12 @@ min(recent, W) tokens, and the body is a quantized sliding ring read at distance
 
     >>> cache = HybridCache("int4+hk@s4r128")
     >>> cache.append(k, v)                        # [B, H_kv, T, D]
-    >>> out = hybrid_attention(q, cache.view())   # [B, H_q, L, D]
+    >>> out = attention(q, cache.view())          # [B, H_q, L, D], kvtax.attention
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import torch
 
@@ -180,15 +179,3 @@ def _trim_ring(fp: SlidingCache, n: int, recent: int) -> None:
         )
     fp.length -= n
 
-
-def make_hybrid_caches(
-    windows: Sequence[int | None],
-    spec: "str | HybridSpec",
-    *,
-    capacity: int | None = None,
-    max_chunk: int | None = None,
-    check_finite: bool = True,
-) -> list[HybridCache]:
-    """One HybridCache per layer (`windows[i]`: None for full attention, else the window)."""
-    return [HybridCache(spec, window=w, capacity=capacity, max_chunk=max_chunk,
-                        check_finite=check_finite) for w in windows]

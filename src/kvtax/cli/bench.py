@@ -62,6 +62,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_grid_options(p)
+    _add_run_options(p)
+    p.set_defaults(func=run)
+
+
+def _add_grid_options(p: argparse.ArgumentParser) -> None:
+    """What the sweep measures: model, contexts, arms, repetitions, phases."""
     p.add_argument("--model", default="tiny",
                    help="built-in config name, local HF folder, .gguf file or hub id "
                         "(default tiny); its config is read before any cell is planned")
@@ -72,7 +79,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "4k,16k,32k,64k,128k on CUDA)")
     add_engine(p, extra="; kvtax's arms are the paths below")
     p.add_argument("--kv", type=_csv, default=None,
-                   help="KV formats: fp16,int8,int4,fp8,k8v4,int4-g32 ... (default fp16,int8,int4); "
+                   help="KV caches: fp16,int8,int4,fp8,k8v4,int4-g32 ... (default fp16,int8,int4); "
+                        "FORMAT@s<S>r<R> (fp16 sinks/recent) and FORMAT:L<i>=FORMAT (per-layer) "
+                        "run on the fused path at --level model (kvtax.harness.kv_arm); "
                         "another engine's own cache settings (its default otherwise)")
     p.add_argument("--paths", type=_csv, default=None,
                    help="attention paths (default all: fused,fp16,unfused,dequant,hf-quantized; "
@@ -102,6 +111,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(mlx-lm's quantized_kv_start; default 0)")
     p.add_argument("--seed", type=int, default=0,
                    help="order seed (also model weights and prompt; default 0)")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """Where rows go and how cells run: folder, resume, device, workers, limits, report."""
     p.add_argument("--out", default="runs", help="parent folder of run folders (default runs)")
     p.add_argument("--name", default=None, help="run folder suffix (default bench-<model>)")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
@@ -151,7 +164,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="order repetition by repetition (shuffled within each), so a sweep cut "
                         "short by --budget-s holds whole repetitions of every cell")
     p.add_argument("--no-report", action="store_true", help="skip writing the report")
-    p.set_defaults(func=run)
 
 
 def _positive_float(text: str) -> float:
@@ -247,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
     """Validate everything (model config, contexts, arms) before the first cell, sweep, then
     report; the exit status says whether the run's cells were measured (kvtax.cli.outcome)."""
     from kvtax.cli.outcome import report_outcome
-    from kvtax.cli.validate import check_contexts, check_formats, check_model
+    from kvtax.cli.validate import check_arms, check_contexts, check_model
     from kvtax.harness.bench.plan import SweepConfig
     from kvtax.harness.store import RunStore
     from kvtax.harness.bench.sweep import RESUME_KEYS, check_engine, run_sweep
@@ -265,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = _config(args)
         if cfg.engine == "kvtax":
-            check_formats(cfg.kvs)
+            cfg.kvs = check_arms(",".join(cfg.kvs))
         if cfg.device.startswith("cuda"):
             import torch
 

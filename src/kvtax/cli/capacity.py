@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvtax.cli.validate import check_formats, check_model
     from kvtax.harness.analysis import capacity as cap
-    from kvtax.harness.bench.cells import torch_dtype
+    from kvtax.harness.dtypes import torch_dtype
     from kvtax.harness.bench.plan import resolve_kv
 
     if not args.reserve and not args.device_memory and not args.device:

@@ -24,8 +24,7 @@ from kvtax.cli.options import add_allow_long, add_threads
 from kvtax.cli.validate import at_least
 from kvtax.errors import OptionError
 from kvtax.formats import DEFAULT_KV
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from kvtax.harness.dtypes import DTYPES, torch_dtype
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,9 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default="The key-value cache", help="prompt text")
     src.add_argument("--prompt-file", type=Path, help="read the prompt from this file")
-    p.add_argument("--kv", default=None, help="KV format: fp16, int8, int4, fp8, k8v4, "
+    p.add_argument("--kv", default=None, help="KV cache: fp16, int8, int4, fp8, k8v4, "
                    f"int4-g32, int8+hk+ck, ... (default {DEFAULT_KV}, or int8+hk for a "
-                   "model that soft-caps attention logits: see docs/QUALITY.md)")
+                   "model that soft-caps attention logits: see docs/QUALITY.md); "
+                   "FORMAT@s<S>r<R> keeps S sink and R recent tokens in fp16 (eager decode), "
+                   "FORMAT:L<i>=FORMAT another format in layer i (kvtax.harness.kv_arm)")
     p.add_argument("--sliding-kv", default=None,
                    help="format of sliding-window layers, e.g. fp16 (default: same as --kv)")
     p.add_argument("--chat", action="store_true",
@@ -68,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="torch.compile the CUDA-graph decode step (fewer, fused kernels; "
                         "a one-time compile before the first decode step)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                    help="weight dtype (default bf16 on CUDA, fp32 on CPU)")
     add_threads(p)
     p.set_defaults(func=run)
@@ -97,18 +98,33 @@ def _prompt_ids(tok, prompt: str, chat: bool) -> list[int]:  # noqa: ANN001
     return list(hf.encode(text, add_special_tokens=False))  # the template holds BOS
 
 
+def _cache(text: str | None) -> tuple[str | None, dict[int, str] | None]:
+    """(format, layer overrides) of `--kv` (one cache of the kv_arm grammar, no path)."""
+    from kvtax.cli.validate import check_arms
+    from kvtax.harness.kv_arm import parse_arm
+
+    if text is None:
+        return None, None
+    arms = check_arms(text)
+    arm = parse_arm(arms[0])
+    if len(arms) > 1 or arm.path:
+        raise OptionError(f"--kv {text}: one cache, FORMAT[@s<S>r<R>][:L<i>=FORMAT], no list "
+                          "or /PATH")
+    return arm.base, arm.layers or None
+
+
 def run(args: argparse.Namespace) -> int:
     from kvtax.cli.validate import check_formats, set_threads
     from kvtax.models import Runner, load_model, load_tokenizer, locate
 
     model_name = _model(args)
     locate(model_name)  # a missing model: one line, before anything prints
-    for option, value in (("--kv", args.kv), ("--sliding-kv", args.sliding_kv)):
-        if value is not None:
-            check_formats([value], option)
+    kv, overrides = _cache(args.kv)
+    if args.sliding_kv is not None:
+        check_formats([args.sliding_kv], "--sliding-kv", hybrid=True)
     set_threads(args.threads)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = _DTYPES[args.dtype or ("bf16" if device.startswith("cuda") else "fp32")]
+    dtype = torch_dtype(args.dtype or ("bf16" if device.startswith("cuda") else "fp32"))
     prompt = args.prompt_file.read_text() if args.prompt_file else args.prompt
     print(f"loading {model_name} ({dtype}, {device})", file=sys.stderr)
     model = load_model(model_name, dtype=dtype, device=device, seed=args.seed)
@@ -120,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
                           f"the model's maximum of {limit} positions; pass "
                           "--allow-long-context to run past it")
     runner = Runner(
-        model, kv=args.kv, sliding_kv=args.sliding_kv, chunk_size=args.chunk_size,
+        model, kv=kv, overrides=overrides, sliding_kv=args.sliding_kv,
+        chunk_size=args.chunk_size,
         cuda_graph=False if args.no_cuda_graph else None, compile=args.compile,
         fused_gemv=False if args.no_fused_gemv else None,
     )

@@ -64,9 +64,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_allow_long(p)
     p.add_argument("--kv", default=None,
                    help="comma-separated KV formats compared with the baseline (default "
-                        "int8,int8+hk,int4,int4+hk); `FMT/L0:fp16/L8:int8` keeps the "
-                        "listed layers in another format; another engine's own cache settings "
-                        "(default: the engine's)")
+                        "int8,int8+hk,int4,int4+hk); the arm grammar of kvtax.harness.kv_arm: "
+                        "FORMAT@s<S>r<R> keeps S sink and R recent tokens in fp16, "
+                        "FORMAT:L0=fp16:L8=int8 keeps the listed layers in another format; "
+                        "another engine's own cache settings (default: the engine's)")
     add_engine(p)
     p.add_argument("--paths", default=None,
                    help="another engine's attention paths, comma-separated (default: the "
@@ -113,7 +114,9 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
 
 def _check(args: argparse.Namespace) -> list[int]:
     """Contexts, formats and model, refused before a model loads; [] on --resume."""
-    from kvtax.cli.validate import check_contexts, check_formats, check_model, parse_contexts
+    from kvtax.cli.validate import (
+        check_arms, check_contexts, check_formats, check_model, parse_contexts,
+    )
     from kvtax.harness.quality.probe import RESUME_KEYS
     from kvtax.harness.store import RunStore
 
@@ -129,8 +132,7 @@ def _check(args: argparse.Namespace) -> list[int]:
     if args.engine == "kvtax":
         args.kv = args.kv or "int8,int8+hk,int4,int4+hk"
         args.baseline = args.baseline or "fp16"
-        kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
-        check_formats([k.split("/")[0] for k in kvs], hybrid=True)
+        args.kv = ",".join(check_arms(args.kv))
         check_formats([args.baseline], "--baseline")
     if args.engine != "openai":  # a server's model is the server's business
         # +1: each context scores the token after it.

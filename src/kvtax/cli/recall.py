@@ -50,13 +50,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "the minimum")
     add_allow_long(p)
     p.add_argument("--kv", default=None,
-                   help="comma-separated arms, FORMAT[/PATH]; the unquantized one runs first. "
-                        "kvtax engine: formats on the fused path. hf engine: 'native' is "
-                        "transformers' own cache, FORMAT is kvtax's cache through the adapter, "
-                        "FORMAT/hf-quantized is transformers' QuantizedCache. kvtax engine "
-                        "also: hybrid specs (int4-g32+hk+ck@s4r128: fp16 sinks/recent) and "
-                        "per-layer formats (int8+hk+ck/L0:fp16) (default fp16,int8,int4; "
-                        "another engine: its own names, default the engine's)")
+                   help="comma-separated arms, FORMAT[@s<S>r<R>][:L<i>=FORMAT...][/PATH] "
+                        "(kvtax.harness.kv_arm); the unquantized one runs first. kvtax "
+                        "engine: every cache on the fused path, incl. fp16 sinks/recent "
+                        "(int4-g32+hk+ck@s4r128) and per-layer formats (int8+hk+ck:L0=fp16). "
+                        "hf engine: 'native' is transformers' own cache, FORMAT is kvtax's "
+                        "cache through the adapter, FORMAT/hf-quantized is transformers' "
+                        "QuantizedCache (default fp16,int8,int4; another engine: its own "
+                        "names, KV or KV/PATH, default the engine's)")
     p.add_argument("--facts", type=at_least(1), default=8, help="facts planted per prompt (default 8)")
     p.add_argument("--seed", type=int, default=0, help="fact values and subjects (default 0)")
     p.add_argument("--filler", default=None,
@@ -104,18 +105,18 @@ def _engine_arms(engine: str, kv_text: str | None) -> list[str]:
     """Another engine's arms (its defaults when --kv is not given); refuses (one line) a
     missing engine package or an arm the engine does not know, before any folder is made."""
     from kvtax.harness.engines import require_engine
+    from kvtax.harness.kv_arm import parse_arms
 
     cls = require_engine(engine)
-    kvs = [k.strip() for k in (kv_text or "").split(",") if k.strip()] or cls.default_kvs()
-    for arm in kvs:
-        kv, _, path = arm.partition("/")
-        cls.arms([kv], [path or cls.default_paths()[0]])
-    return kvs
+    arms = parse_arms(kv_text)
+    for arm in arms:
+        cls.arms([arm.cache], [arm.path or cls.default_paths()[0]])
+    return [a.name for a in arms] or cls.default_kvs()
 
 
 def _check(args: argparse.Namespace) -> None:
     """Everything that can be refused before a model loads or a run folder is made."""
-    from kvtax.cli.validate import check_contexts, check_formats, check_model, parse_contexts
+    from kvtax.cli.validate import check_arms, check_contexts, check_model, parse_contexts
     from kvtax.harness.recall.probe import RESUME_KEYS
     from kvtax.harness.store import RunStore
 
@@ -128,11 +129,9 @@ def _check(args: argparse.Namespace) -> None:
         contexts = parse_contexts(args.contexts)
     except argparse.ArgumentTypeError as exc:
         raise OptionError(f"--contexts: {exc}") from None
-    args.contexts = ",".join(str(c) for c in contexts)  # the hybrid path reads plain ints
+    args.contexts = ",".join(str(c) for c in contexts)
     if args.engine in KVTAX_ENGINES:
-        args.kv = args.kv or "fp16,int8,int4"
-        kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
-        check_formats([k.split("/")[0] for k in kvs], allow=("native",), hybrid=True)
+        args.kv = ",".join(check_arms(args.kv or "fp16,int8,int4", allow=("native",)))
     else:  # a missing engine package or an arm the engine does not know: one line
         args.kv = ",".join(_engine_arms(args.engine, args.kv))
     if args.filler is not None and not Path(args.filler).is_file():
@@ -145,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     """Validate, ask every question, print the grid; exit status per kvtax.cli.outcome."""
     from kvtax.cli.outcome import report_outcome
     from kvtax.cli.validate import set_threads
+    from kvtax.harness.kv_arm import parse_arm
     from kvtax.harness.recall.probe import RecallConfig, run_recall
     from kvtax.harness.report.data import recall_tables
     from kvtax.harness.store import read_rows
@@ -155,14 +155,10 @@ def run(args: argparse.Namespace) -> int:
     options = engine_options(args) if args.engine not in KVTAX_ENGINES else {}
     args.kv = args.kv or "fp16,int8,int4"  # --resume: the run folder's own arms apply
     kvs = [k.strip() for k in args.kv.split(",") if k.strip()]
-    if not args.resume and args.engine in KVTAX_ENGINES:
-        from kvtax.harness.recall.hybrid_runner import needs_hybrid, run_hybrid_recall
-
-        if any(needs_hybrid(kv) for kv in kvs):  # fp16 sinks/recent, per-layer formats
-            if args.engine == "hf":
-                raise OptionError("hybrid specs (@s<S>r<R>) and per-layer formats "
-                                  "(/L<i>:<format>) need the kvtax engine, not --engine hf")
-            return run_hybrid_recall(args)
+    if not args.resume and args.engine == "hf" and not all(
+            parse_arm(k).is_plain for k in kvs):
+        raise OptionError("fp16 sinks/recent (@s<S>r<R>) and per-layer formats "
+                          "(:L<i>=FORMAT) need the kvtax engine, not --engine hf")
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     cfg = RecallConfig(
         model=args.model, contexts=contexts, kvs=kvs, facts=args.facts, seed=args.seed,

@@ -51,29 +51,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
+    """Stream and matmul peaks, then each arm's attention against them; one row a point."""
+    from kvtax.cli.outcome import report_outcome
     from kvtax.cli.validate import check_contexts, check_formats, check_model, set_threads
     from kvtax.harness.analysis import roofline as rf
-    from kvtax.harness.bench.cells import torch_dtype
     from kvtax.harness.bench.plan import model_shape, resolve_kv
-    from kvtax.harness.schema import PATHS, make_cell_id, utc_now
+    from kvtax.harness.schema import PATHS
     from kvtax.harness.store import RunStore, environment
-    from kvtax.harness.bench.worker import is_oom
 
-    dev_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(dev_name)
-    except RuntimeError as exc:
-        raise OptionError(f"--device {dev_name}: {exc}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise OptionError("--device cuda but torch sees no CUDA device")
+    dev_name, device, dtype = _device_dtype(args)
     set_threads(args.threads)
     cuda = device.type == "cuda"
-    try:
-        dtype = torch_dtype(args.dtype or ("bfloat16" if cuda else "float32"))
-    except ValueError as exc:
-        raise OptionError(f"--dtype: {exc}") from None
     contexts = args.contexts or parse_contexts("4k,16k,64k,128k" if cuda else "1k,4k,16k")
     names = [k.strip() for k in args.kv.split(",") if k.strip()]
     check_formats(names)
@@ -93,30 +81,8 @@ def run(args: argparse.Namespace) -> int:
     env = environment(dev_name)
     store.write_env(env)
     print(f"run folder {store.path}; device {env['device']}")
-    seq = [0]
-
-    def emit(fields: dict[str, Any], **ident: Any) -> dict[str, Any]:
-        kv, path = ident.get("kv", "-"), ident.get("path", "-")
-        row = {
-            "schema": 1, "run_id": store.run_id, "kind": "roofline", "seq": seq[0],
-            "order_seed": 0, "rep": 0, "warmup": False, "model": args.model,
-            "arm": f"{kv}/{path}" if path != "-" else ident.get("op", "-"), "kv": kv,
-            "path": path if path != "-" else "fused", "context": ident.get("context", 0),
-            "chunk_size": None, "decode_tokens": None, "status": "ok", "phase": None,
-            "error": None, "timestamp": utc_now(), "device": env["device"],
-            "git_commit": env.get("git_commit"), "op": ident["op"], "time_s": None,
-            "bytes_moved": None, "flops": None, "achieved_gbs": None, "achieved_tflops": None,
-            "peak_gbs": None, "peak_tflops": None, "bandwidth_fraction": None,
-            "compute_headroom": None,
-        }
-        row["cell_id"] = make_cell_id({**ident, "kind": "roofline", "model": args.model})
-        row.update(fields)
-        store.append(row)
-        seq[0] += 1
-        return row
-
-    nbytes = args.stream_bytes
-    bw = rf.stream_bandwidth(device, nbytes, iters=args.iters)
+    emit = _Emitter(store, env, args.model)
+    bw = rf.stream_bandwidth(device, args.stream_bytes, iters=args.iters)
     peak_gbs = max(bw["read"], bw["copy"])
     emit({"achieved_gbs": bw["read"], "peak_gbs": peak_gbs, "bytes_moved": int(bw["bytes"]),
           "bandwidth_fraction": bw["read"] / peak_gbs}, op="stream", variant="read")
@@ -130,31 +96,96 @@ def run(args: argparse.Namespace) -> int:
     for ctx in contexts:
         for kv in kvs:
             for path in paths:
-                if path == "fp16" and kv != "fp16":
-                    continue
-                if path in ("unfused", "dequant") and kv in ("fp16", "bf16", "fp32"):
-                    continue
-                if path == "hf-quantized":
-                    continue
-                ident = {"op": "attention", "kv": kv, "path": path, "context": ctx}
-                try:
-                    m = rf.attention_roofline(kv, path, ctx, shape, device, dtype, args.iters)
-                except Exception as exc:  # one failed point must not end the sweep
-                    status = "oom" if is_oom(exc) else "error"
-                    emit({"status": status, "phase": "attention", "error": repr(exc)[:500]},
-                         **ident)
-                    print(f"{kv + '/' + path:<16}{ctx:>9}  {status}: {exc!r:.80}")
-                    if cuda:
-                        torch.cuda.empty_cache()
-                    continue
-                m.update(peak_gbs=peak_gbs, peak_tflops=tflops,
-                         bandwidth_fraction=m["achieved_gbs"] / peak_gbs,
-                         compute_headroom=tflops / m["achieved_tflops"])
-                emit(m, **ident)
-                print(f"{kv + '/' + path:<16}{ctx:>9}{m['time_s'] * 1e6:>11.1f}"
-                      f"{m['achieved_gbs']:>9.1f}{m['bandwidth_fraction']:>8.0%}"
-                      f"{m['compute_headroom']:>9.0f}x")
+                if _applies(kv, path):
+                    _attention_point(emit, kv, path, ctx, shape, device, dtype, args.iters,
+                                     (peak_gbs, tflops))
     print(f"rows: {store.rows_path}")
-    from kvtax.cli.outcome import report_outcome
-
     return report_outcome(store.rows(), "kvtax roofline", "points")
+
+
+def _device_dtype(args: argparse.Namespace) -> tuple[str, Any, Any]:
+    """(--device as given or chosen, torch.device, torch dtype); OptionError when unusable."""
+    import torch
+
+    from kvtax.harness.dtypes import torch_dtype
+
+    dev_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(dev_name)
+    except RuntimeError as exc:
+        raise OptionError(f"--device {dev_name}: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError("--device cuda but torch sees no CUDA device")
+    try:
+        dtype = torch_dtype(args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    except ValueError as exc:
+        raise OptionError(f"--dtype: {exc}") from None
+    return dev_name, device, dtype
+
+
+def _applies(kv: str, path: str) -> bool:
+    """False for arms that do not exist (fp16 path of a quantized format, a baseline of an
+    unquantized one) or that this command does not time (hf-quantized)."""
+    if path == "fp16":
+        return kv == "fp16"
+    if path in ("unfused", "dequant"):
+        return kv not in ("fp16", "bf16", "fp32")
+    return path != "hf-quantized"
+
+
+class _Emitter:
+    """Writes one roofline row per call: `emit(fields, op=..., kv=..., path=..., context=...)`."""
+
+    def __init__(self, store: Any, env: dict[str, Any], model: str) -> None:
+        self.store, self.env, self.model, self.seq = store, env, model, 0
+
+    def __call__(self, fields: dict[str, Any], **ident: Any) -> dict[str, Any]:
+        from kvtax.harness.schema import make_cell_id, utc_now
+
+        kv, path = ident.get("kv", "-"), ident.get("path", "-")
+        row = {
+            "schema": 1, "run_id": self.store.run_id, "kind": "roofline", "seq": self.seq,
+            "order_seed": 0, "rep": 0, "warmup": False, "model": self.model,
+            "arm": f"{kv}/{path}" if path != "-" else ident.get("op", "-"), "kv": kv,
+            "path": path if path != "-" else "fused", "context": ident.get("context", 0),
+            "chunk_size": None, "decode_tokens": None, "status": "ok", "phase": None,
+            "error": None, "timestamp": utc_now(), "device": self.env["device"],
+            "git_commit": self.env.get("git_commit"), "op": ident["op"], "time_s": None,
+            "bytes_moved": None, "flops": None, "achieved_gbs": None, "achieved_tflops": None,
+            "peak_gbs": None, "peak_tflops": None, "bandwidth_fraction": None,
+            "compute_headroom": None,
+        }
+        row["cell_id"] = make_cell_id({**ident, "kind": "roofline", "model": self.model})
+        row.update(fields)
+        self.store.append(row)
+        self.seq += 1
+        return row
+
+
+def _attention_point(emit: _Emitter, kv: str, path: str, ctx: int, shape: Any, device: Any,
+                     dtype: Any, iters: int, peaks: tuple[float, float]) -> None:
+    """Time one arm's decode attention at `ctx` tokens; its row, against the peaks (GB/s,
+    TFLOP/s), and a table line. A failure is a row too: one point must not end the sweep."""
+    import torch
+
+    from kvtax.harness.analysis import roofline as rf
+    from kvtax.harness.bench.worker import is_oom
+
+    ident = {"op": "attention", "kv": kv, "path": path, "context": ctx}
+    try:
+        m = rf.attention_roofline(kv, path, ctx, shape, device, dtype, iters)
+    except Exception as exc:  # noqa: BLE001 - the row says what failed
+        status = "oom" if is_oom(exc) else "error"
+        emit({"status": status, "phase": "attention", "error": repr(exc)[:500]}, **ident)
+        print(f"{kv + '/' + path:<16}{ctx:>9}  {status}: {exc!r:.80}")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return
+    peak_gbs, tflops = peaks
+    m.update(peak_gbs=peak_gbs, peak_tflops=tflops,
+             bandwidth_fraction=m["achieved_gbs"] / peak_gbs,
+             compute_headroom=tflops / m["achieved_tflops"])
+    emit(m, **ident)
+    print(f"{kv + '/' + path:<16}{ctx:>9}{m['time_s'] * 1e6:>11.1f}"
+          f"{m['achieved_gbs']:>9.1f}{m['bandwidth_fraction']:>8.0%}"
+          f"{m['compute_headroom']:>9.0f}x")

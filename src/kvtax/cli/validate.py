@@ -99,6 +99,28 @@ def check_formats(names: list[str], option: str = "--kv", allow: tuple[str, ...]
             raise FormatError(f"{option} {name}: {exc}") from None
 
 
+def check_arms(text: str | None, option: str = "--kv", allow: tuple[str, ...] = ()) -> list[str]:
+    """The arms of `text` (comma-separated, `kvtax.harness.kv_arm` grammar), every format in
+    them parsed before a model loads; FormatError (exit 2) names the bad arm (`allow`:
+    other accepted words, e.g. "native"). Returns the arms as written, blanks dropped."""
+    from kvtax.errors import FormatError
+    from kvtax.harness.kv_arm import parse_arm
+
+    names = [a.strip() for a in (text or "").split(",") if a.strip()]
+    if not names:
+        raise OptionError(f"{option} names no format")
+    out = []
+    for name in names:
+        try:
+            arm = parse_arm(name)
+            if arm.base not in allow:
+                arm.specs()
+        except FormatError as exc:
+            raise FormatError(f"{option} {name}: {exc}") from None
+        out.append(arm.name)
+    return out
+
+
 def set_threads(threads: int | None) -> None:
     """torch intra-op threads for CPU work (None: leave torch's choice)."""
     if threads is not None:

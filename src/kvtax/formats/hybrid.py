@@ -94,23 +94,19 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
 
 
 def fit_kv_name(text: str, head_dim: int) -> str:
-    """An arm name made valid for `head_dim`: every format in it named without `-g<N>`
-    takes a group size dividing head_dim (`fit_head_dim`), '@' suffixes and
-    `/L<i>:<format>` layer formats kept ("int8+hk@s4r128/L0:int4" at 96 →
-    "int8-g32+hk@s4r128/L0:int4-g32"). Parts that fit already, or that are no format
-    (a path such as "/fused"), are left as written."""
-    parts = str(text).split("/")
-    out = []
-    for i, part in enumerate(parts):
-        prefix, sep, fmt = part.partition(":") if i else ("", "", part)
-        if i and not sep:
-            out.append(part)
-            continue
-        base, at, suffix = fmt.partition("@")
-        try:
-            fitted, given = fit_head_dim(base, head_dim), KVSpec.parse(base)
-        except FormatError:  # not a format here: the caller's parse reports it
-            fitted = given = None
-        name = fitted.name if fitted != given else base
-        out.append(f"{prefix}{sep}{name}{at}{suffix}")
-    return "/".join(out)
+    """A format name (plain or hybrid) made valid for `head_dim`: named without `-g<N>`, it
+    takes a group size dividing head_dim (`fit_head_dim`), the '@' suffix kept
+    ("int8+hk@s4r128" at 96 → "int8-g32+hk@s4r128"). A name that fits already, or that is
+    no format (an engine's own name such as "native"), is left as written."""
+    base, at, suffix = str(text).partition("@")
+    try:
+        fitted, given = fit_head_dim(base, head_dim), KVSpec.parse(base)
+    except FormatError:  # not a format here: the caller's parse reports it
+        return str(text)
+    return f"{fitted.name if fitted != given else base}{at}{suffix}"
+
+
+def fit_kv(spec: "str | KVSpec | HybridSpec", head_dim: int) -> "KVSpec | HybridSpec":
+    """`parse_kv(spec)` with a group size fitted to `head_dim` where the name gives none
+    (`fit_head_dim`); a hybrid spec's body is fitted, its sinks/recent kept."""
+    return parse_kv(fit_kv_name(spec, head_dim) if isinstance(spec, str) else spec)

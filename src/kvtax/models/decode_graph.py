@@ -147,6 +147,8 @@ def cache_key(caches: Sequence[BaseCache]) -> tuple:
 
 def graph_blocker(model: DecoderModel, caches: Sequence[BaseCache]) -> str | None:
     """None when a decode step over `caches` can be captured safely, else why not."""
+    if any(not hasattr(c, "store") for c in caches):  # a HybridCache: several storages
+        return "hybrid caches (fp16 sinks/recent window) decode eagerly"
     if any(c.store is None for c in caches):
         return "the caches are empty (prefill first)"
     if any(c.store.growable for c in caches):  # type: ignore[union-attr]
@@ -189,7 +191,7 @@ def clear_unwritten(model: DecoderModel, caches: Sequence[BaseCache]) -> None:
     baselines) read every slot behind a mask, and `torch.empty` storage may hold NaN, which
     a mask does not cancel (NaN · 0). Slots the graph writes later are overwritten then."""
     for layer, c in zip(model.layers, caches):
-        if layer.attn.attn_fn is attention or c.store is None:
+        if layer.attn.attn_fn is attention or getattr(c, "store", None) is None:
             continue
         held = c.view().num_slots
         for t in c.store.k.parts() + c.store.v.parts():

@@ -33,7 +33,8 @@ import torch
 
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.errors import CapacityError, OptionError
-from kvtax.formats import KVSpec, default_kv, fit_head_dim
+from kvtax.formats import KVSpec, default_kv
+from kvtax.formats.hybrid import HybridSpec, fit_kv
 from kvtax.formats.spec import centering_conflict
 from kvtax.models import argmax
 from kvtax.models.decode_graph import DecodeGraph, clear_unwritten, graph_blocker
@@ -73,7 +74,8 @@ class Runner:
                 `kvtax.formats.default_kv(...)`, int8 with Hadamard-rotated, centered
                 keys, not centered where the model soft-caps attention logits). A name
                 without `-g<N>` takes a group size dividing head_dim (`fit_head_dim`;
-                `runner.spec.name` says which: int8-g32+hk+ck at head_dim 96).
+                `runner.spec.name` says which: int8-g32+hk+ck at head_dim 96). A hybrid
+                format (`int4+hk@s4r128`: fp16 sinks and recent window) decodes eagerly.
     sliding_kv: format of sliding-window layers (default: `kv`), e.g. "fp16".
     chunk_size: prefill chunk in tokens (bounds activation memory at long prompts).
     cuda_graph: None → on for CUDA models; False forces eager decode.
@@ -93,12 +95,12 @@ class Runner:
     def __init__(
         self,
         model: DecoderModel,
-        kv: str | KVSpec | None = None,
+        kv: str | KVSpec | HybridSpec | None = None,
         *,
-        sliding_kv: str | KVSpec | None = None,
+        sliding_kv: str | KVSpec | HybridSpec | None = None,
         chunk_size: int = 2048,
         cuda_graph: bool | None = None,
-        overrides: dict[int, str | KVSpec] | None = None,
+        overrides: dict[int, str | KVSpec | HybridSpec] | None = None,
         compile: bool | str = False,
         fused_gemv: bool | None = None,
         launch: DecodeLaunch | None = None,
@@ -113,13 +115,13 @@ class Runner:
         hd = model.config.head_dim
         assert hd is not None
         # names without a group size take one dividing head_dim (Phi-3's 96: int8-g32+hk+ck)
-        self.spec = fit_head_dim(default_kv(softcap) if kv is None else kv, hd)
-        self.sliding_spec = fit_head_dim(sliding_kv, hd) if sliding_kv else None
+        self.spec = fit_kv(default_kv(softcap) if kv is None else kv, hd)
+        self.sliding_spec = fit_kv(sliding_kv, hd) if sliding_kv else None
         self.overrides = None if overrides is None else {
-            i: fit_head_dim(s, hd) for i, s in overrides.items()}
-        for s in (self.spec, self.sliding_spec, *(overrides or {}).values()):
+            i: fit_kv(s, hd) for i, s in overrides.items()}
+        for s in (self.spec, self.sliding_spec, *(self.overrides or {}).values()):
             if s is not None:  # say so now, not at the first attention call
-                why = centering_conflict(KVSpec.parse(s), softcap)
+                why = centering_conflict(s.base if isinstance(s, HybridSpec) else s, softcap)
                 if why is not None:
                     raise OptionError(why)
         self.chunk_size = chunk_size

@@ -18,101 +18,29 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from kvtax.cache import BaseCache, FullCache, make_caches
 from kvtax.formats import KVSpec
-from kvtax.harness.bench import devinfo
+from kvtax.formats.hybrid import HybridSpec, parse_kv
 from kvtax.attention.baselines import attention_for, sdpa_backend
 from kvtax.harness.bench.hooks import use_sdpa_backend
-from kvtax.harness.bench.memory import PhaseMeter
-
-PhaseHook = Callable[[str], None]
-# An untimed prompt this long (and one decode step) runs before the measured phases, so
-# one-off costs (kernel compilation, library initialisation) land outside every window.
-WARMUP_TOKENS = 256
-
-DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[str(name).lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; use float32, float16 or bfloat16") from None
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
+from kvtax.harness.bench.timeline import (
+    WARMUP_TOKENS,
+    PhaseHook,
+    Timeline,
+    decode_loop,
+    finish_decode,
+    sync,
+)
+from kvtax.harness.dtypes import torch_dtype
+from kvtax.harness.kv_arm import parse_arm
 
 def _growths(caches: list[BaseCache]) -> int:
     return sum(c.growth_events for c in caches)
-
-
-class Timeline:
-    """Phase bookkeeping shared by both levels: hook, peak meter, clocks, timings."""
-
-    def __init__(self, device: torch.device, hook: PhaseHook | None, cell: dict[str, Any],
-                 out: dict[str, Any] | None = None, meter: Any = None):
-        self.device, self.hook, self.cell = device, hook or (lambda _p: None), cell
-        # `meter`: anything with PhaseMeter's kind/start/stop/peaks/baselines (an engine's).
-        self.meter = meter if meter is not None else PhaseMeter(device)
-        # Filled as phases finish, so a later phase's failure keeps the earlier numbers.
-        self.out: dict[str, Any] = {} if out is None else out
-        self.out["memory_kind"] = self.meter.kind
-        self.current = "setup"
-
-    def enter(self, phase: str) -> None:
-        """Announce a phase (the parent records it for crash rows) and apply forced faults."""
-        self.current = phase
-        self.hook(phase)
-        force = self.cell.get("force_oom")
-        if force == phase:
-            raise torch.OutOfMemoryError(
-                f"forced out-of-memory in phase {phase!r} (KVTAX_FORCE_OOM / --force-oom)"
-            )
-
-    def start(self, phase: str) -> None:
-        self.enter(phase)
-        _sync(self.device)
-        self.out.setdefault("clocks_start", devinfo.clocks(self.device))
-        self.meter.start(phase)
-
-    def stop(self, phase: str) -> None:
-        _sync(self.device)
-        self.meter.stop(phase)
-        self.out[f"{phase}_peak_bytes"] = self.meter.peaks.get(phase)
-        self.out[f"{phase}_base_bytes"] = self.meter.baselines.get(phase)
-        self.out["clocks_end"] = devinfo.clocks(self.device)
-
-
-def _decode_loop(
-    step: Callable[[], None], n: int, device: torch.device
-) -> list[float]:
-    """Per-token wall times in ms, synchronizing after every step."""
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        step()
-        _sync(device)
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return samples
-
-
-def _finish_decode(out: dict[str, Any], samples: list[float]) -> None:
-    out["decode_ms_samples"] = [round(s, 4) for s in samples]
-    # Mean, not median: a resize spike inside the window is part of what a user pays.
-    out["decode_ms_per_token"] = sum(samples) / len(samples) if samples else None
-    out["decode_ms_median"] = sorted(samples)[len(samples) // 2] if samples else None
 
 
 # ----------------------------------------------------------------------------- attention
@@ -178,7 +106,7 @@ def attention_cell(
         tl.start("prefill")
         t0 = time.perf_counter()
         prefill(cache, ctx)
-        _sync(device)
+        sync(device)
         ttft = time.perf_counter() - t0
         tl.stop("prefill")
         out.update(ttft_s=ttft, prefill_tok_s=ctx / ttft if ttft > 0 else None)
@@ -192,9 +120,9 @@ def attention_cell(
     if "decode" in cell["phases"] and n_dec > 0:
         before = cache.growth_events
         tl.start("decode")
-        samples = _decode_loop(lambda: step(cache), n_dec, device)
+        samples = decode_loop(lambda: step(cache), n_dec, device)
         tl.stop("decode")
-        _finish_decode(out, samples)
+        finish_decode(out, samples)
         out["decode_growth_events"] = cache.growth_events - before
         out["decode_growth"] = cache.growth_events > before
     out["level"] = "attention"
@@ -225,13 +153,17 @@ def model_cell(
     cfg = model.config
     # Every path decodes in the same runner: the baselines too are captured (masked reads of
     # the presized storage, lengths from the device), so arms differ in attention alone.
-    runner = Runner(model, kv=kv, chunk_size=int(cell["chunk_size"]),
-                    cuda_graph=cell.get("cuda_graph"))
+    arm = parse_arm(kv)  # hybrid and per-layer caches: the runner's own (kv_arm grammar)
+    runner = Runner(model, kv=arm.base, overrides=arm.layers or None,
+                    chunk_size=int(cell["chunk_size"]), cuda_graph=cell.get("cuda_graph"))
     gen = torch.Generator(device="cpu").manual_seed(int(cell["seed"]))
     ids = torch.randint(0, cfg.vocab_size, (b, ctx), generator=gen).to(device)
     capacity = ctx + n_dec + 2 if cell.get("presize") else None
     q_start = int(cell.get("quantized_kv_start") or 0)
-    spec = KVSpec.parse(kv)
+    if q_start and not arm.is_plain:
+        raise ValueError("quantized_kv_start converts into one plain format; use 0 with "
+                         f"{kv}")
+    spec = parse_kv(arm.base)
     out = tl.out
 
     def make(spec_name: str, cap: int | None) -> list[BaseCache]:
@@ -241,12 +173,7 @@ def model_cell(
 
     with use_attention(model, attention_for(path)), torch.inference_mode():
         if cell.get("extra", {}).get("inner_warmup", True):
-            w = min(ctx, int(cell["chunk_size"]), WARMUP_TOKENS)
-            warm = make(kv, w + 2 if cell.get("presize") else None)
-            logits = runner.prefill(ids[:, :w], warm)
-            runner.decode_greedy(logits.argmax(-1, keepdim=True), warm)
-            del warm, logits
-            runner.release_graph()  # the measured caches get their own graph
+            _warm_up(runner, ids, cell, lambda cap: make(kv, cap))
 
         def run_prefill() -> tuple[list[BaseCache], torch.Tensor]:
             if q_start > 0 and spec.is_quantized:
@@ -266,7 +193,7 @@ def model_cell(
             tl.start("prefill")
             t0 = time.perf_counter()
             caches, logits = run_prefill()
-            _sync(device)
+            sync(device)
             ttft = time.perf_counter() - t0
             tl.stop("prefill")
             out.update(ttft_s=ttft, prefill_tok_s=b * ctx / ttft if ttft > 0 else None)
@@ -274,24 +201,13 @@ def model_cell(
             caches, logits = run_prefill()
         out["cache_bytes"] = sum(c.nbytes for c in caches)
         out["cache_used_bytes"] = sum(c.used_nbytes for c in caches)
-        out["bytes_per_token"] = model_bytes_per_token(cfg, spec, dtype)
+        out["bytes_per_token"] = model_bytes_per_token(cfg, spec, dtype, arm.layers)
         out["prefill_growth_events"] = _growths(caches)
         tok = logits.argmax(-1, keepdim=True)  # EOS ignored: greedy tokens, whatever they are
         # greedy steps: on CUDA the argmax is captured with the step (one replay a token)
         tok = runner.decode_greedy(tok, caches)  # settle step
         if "decode" in cell["phases"] and n_dec > 0:
-            state = {"tok": tok}
-
-            def step() -> None:
-                state["tok"] = runner.decode_greedy(state["tok"], caches)
-
-            before = _growths(caches)
-            tl.start("decode")
-            samples = _decode_loop(step, n_dec, device)
-            tl.stop("decode")
-            _finish_decode(out, samples)
-            out["decode_growth_events"] = _growths(caches) - before
-            out["decode_growth"] = _growths(caches) > before
+            _measure_decode(runner, caches, tok, n_dec, tl)
         graph = bool(runner.cuda_graph and runner.graph_disabled_reason is None)
         out["sdpa_backend"] = decode_sdpa_backend(path, caches, cfg, dtype, graph)
     out["level"] = "model"
@@ -301,12 +217,43 @@ def model_cell(
     return out
 
 
+def _warm_up(runner: Any, ids: torch.Tensor, cell: dict[str, Any],
+             make: Callable[[int | None], list[BaseCache]]) -> None:
+    """An untimed short prompt and one greedy step over caches of their own, so one-off
+    costs (kernel compilation, graph capture) land outside every measured window."""
+    w = min(int(cell["context"]), int(cell["chunk_size"]), WARMUP_TOKENS)
+    warm = make(w + 2 if cell.get("presize") else None)
+    logits = runner.prefill(ids[:, :w], warm)
+    runner.decode_greedy(logits.argmax(-1, keepdim=True), warm)
+    del warm, logits
+    runner.release_graph()  # the measured caches get their own graph
+
+
+def _measure_decode(runner: Any, caches: list[BaseCache], tok: torch.Tensor, n: int,
+                    tl: Timeline) -> None:
+    """`n` timed greedy steps from `tok` `[B, 1]`: the decode fields of `tl.out`."""
+    state = {"tok": tok}
+
+    def step() -> None:
+        state["tok"] = runner.decode_greedy(state["tok"], caches)
+
+    before = _growths(caches)
+    tl.start("decode")
+    samples = decode_loop(step, n, tl.device)
+    tl.stop("decode")
+    finish_decode(tl.out, samples)
+    tl.out["decode_growth_events"] = _growths(caches) - before
+    tl.out["decode_growth"] = _growths(caches) > before
+
+
 def decode_sdpa_backend(
     path: str, caches: list[BaseCache], cfg: Any, dtype: torch.dtype, captured: bool,
     fold_gqa: bool = False,
 ) -> str | None:
     """The SDPA backend a decode step of `path` dispatched to over a global layer's cache
     (its captured, masked form when `captured`); None for paths without SDPA."""
+    if path not in ("fp16", "dequant"):  # the others call no SDPA (and may read hybrids)
+        return None
     cache = next((c for c in caches if getattr(c, "window", None) is None), caches[0])
     view = cache.view()
     if captured:
@@ -316,10 +263,18 @@ def decode_sdpa_backend(
     return sdpa_backend(path, q, view, fold_gqa)
 
 
-def model_bytes_per_token(cfg: Any, spec: KVSpec, dtype: torch.dtype) -> int:
-    """K+V bytes one token adds across all layers (sliding layers included)."""
+def model_bytes_per_token(cfg: Any, spec: "KVSpec | HybridSpec", dtype: torch.dtype,
+                          overrides: Mapping[int, str] | None = None) -> int:
+    """K+V bytes one token adds across all layers (sliding layers included); `overrides`:
+    layer index → format. A hybrid layer's token adds one body row (its fp16 sinks and
+    recent window are a fixed size)."""
     assert cfg.head_dim is not None
-    return spec.bytes_per_token(cfg.head_dim, dtype) * cfg.num_kv_heads * cfg.num_layers
+    total = 0
+    for i in range(cfg.num_layers):
+        s = parse_kv(overrides[i]) if overrides and i in overrides else spec
+        body = s.base if isinstance(s, HybridSpec) else s
+        total += body.bytes_per_token(cfg.head_dim, dtype) * cfg.num_kv_heads
+    return total
 
 
 def convert_caches(

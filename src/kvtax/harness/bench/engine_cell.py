@@ -1,6 +1,6 @@
 """One bench cell of any engine (`--engine NAME`), inside its worker process.
 
-The same timeline as kvtax's own cells (harness.bench.cells.Timeline): setup = `Engine.load`,
+The same timeline as kvtax's own cells (harness.bench.timeline.Timeline): setup = `Engine.load`,
 prefill = `Engine.prefill` of a `context`-token prompt (TTFT: up to the first generated
 token), decode = `Engine.decode(decode_tokens)` (greedy, EOS ignored). Each phase's peak
 comes from the engine's own MemoryCounter, reset at the phase's start. Before the measured
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from kvtax.harness.bench.cells import WARMUP_TOKENS, PhaseHook, Timeline, _finish_decode
+from kvtax.harness.bench.timeline import WARMUP_TOKENS, PhaseHook, Timeline, finish_decode
 from kvtax.harness.engines import Engine, EngineSpec, MemoryCounter, require_engine
 
 
@@ -139,4 +139,4 @@ def _measure(engine: Engine, cell: dict[str, Any], tl: Timeline) -> None:
         if len(samples) != n_dec:
             raise RuntimeError(f"engine {cell['engine']} timed {len(samples)} decode steps, "
                                f"asked for {n_dec}")
-        _finish_decode(out, [float(s) for s in samples])
+        finish_decode(out, [float(s) for s in samples])

@@ -5,7 +5,7 @@ What a transformers user gets from `QuantizedCache(backend="quanto")`: a stock H
 folder / hub id) whose cache keeps K/V quantized and dequantizes all of it at every
 forward. The cell drives `model(...)` itself — prefill in `chunk_size` chunks, then
 greedy decode steps with EOS ignored — so its phases, peaks and timings are the same as
-every other arm's (`kvtax.harness.bench.cells`). `kvtax bench --engine transformers --kv
+every other arm's (`kvtax.harness.bench.timeline`). `kvtax bench --engine transformers --kv
 quanto-int4` (harness/engines/transformers_engine.py) measures the same cache with the
 same settings and reuses this module's helpers, so this arm can move there.
 
@@ -31,6 +31,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+
+from kvtax.harness.bench.timeline import (
+    WARMUP_TOKENS,
+    Timeline,
+    decode_loop,
+    finish_decode,
+    sync,
+)
+from kvtax.harness.dtypes import torch_dtype
 
 QUANTO_BITS = (2, 4)
 RESIDUAL_LENGTH = 128  # transformers' default: the newest tokens kept unquantized
@@ -271,12 +280,7 @@ def hf_quantized_cell(
     cell: dict[str, Any], hook: Any = None, out: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """transformers + QuantizedCache(quanto): TTFT, decode ms/token, per-phase peaks."""
-    from transformers import QuantizedCache
-
     from kvtax.formats import KVSpec
-    from kvtax.harness.bench.cells import (
-        WARMUP_TOKENS, Timeline, _decode_loop, _finish_decode, _sync, torch_dtype,
-    )
     from kvtax.hf.cache import cache_kwarg
 
     device = torch.device(cell["device"])
@@ -303,18 +307,7 @@ def hf_quantized_cell(
     flushes = {"n": 0}
 
     def make_cache() -> Any:
-        cache = QuantizedCache(backend="quanto", config=model.config, nbits=spec.key.n_bits,
-                               q_group_size=spec.key.group_size,
-                               residual_length=RESIDUAL_LENGTH)
-        for layer in cache.layers:  # count re-quantizations of the whole layer (K and V)
-            orig = layer._quantize
-
-            def counted(tensor: torch.Tensor, axis: int, _orig: Any = orig) -> Any:
-                flushes["n"] += 1
-                return _orig(tensor, axis)
-
-            layer._quantize = counted
-        return cache
+        return _counted_cache(model, spec, flushes)
 
     def forward(x: torch.Tensor, cache: Any) -> torch.Tensor:
         return model(input_ids=x, use_cache=True, logits_to_keep=1, **{arg: cache}).logits[:, -1]
@@ -338,7 +331,7 @@ def hf_quantized_cell(
             t0 = time.perf_counter()
             cache = make_cache()
             logits = prefill(cache, ctx)
-            _sync(device)
+            sync(device)
             ttft = time.perf_counter() - t0
             tl.stop("prefill")
             out.update(ttft_s=ttft, prefill_tok_s=b * ctx / ttft if ttft > 0 else None)
@@ -354,19 +347,7 @@ def hf_quantized_cell(
         tok = logits.argmax(-1, keepdim=True)
         tok = forward(tok, cache).argmax(-1, keepdim=True)  # settle step
         if "decode" in cell["phases"] and n_dec > 0:
-            state = {"tok": tok}
-
-            def step() -> None:
-                state["tok"] = forward(state["tok"], cache).argmax(-1, keepdim=True)
-
-            before = flushes["n"]
-            tl.start("decode")
-            samples = _decode_loop(step, n_dec, device)
-            tl.stop("decode")
-            _finish_decode(out, samples)
-            events = (flushes["n"] - before) // (2 * n_layers)
-            out["decode_growth_events"] = events
-            out["decode_growth"] = events > 0
+            _timed_decode(lambda t: forward(t, cache), tok, n_dec, tl, flushes, n_layers)
     out.update(
         level="model", engine="transformers", cuda_graph=False, presized=False,
         hf_cache=(f"QuantizedCache(quanto, nbits={spec.key.n_bits}, "
@@ -375,3 +356,40 @@ def hf_quantized_cell(
         weight_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
     )
     return out
+
+
+def _counted_cache(model: Any, spec: Any, flushes: dict[str, int]) -> Any:
+    """transformers' QuantizedCache (quanto) for `spec` (a KVSpec of one int format), each
+    re-quantization of a layer's K or V counted in `flushes["n"]`."""
+    from transformers import QuantizedCache
+
+    cache = QuantizedCache(backend="quanto", config=model.config, nbits=spec.key.n_bits,
+                           q_group_size=spec.key.group_size, residual_length=RESIDUAL_LENGTH)
+    for layer in cache.layers:  # count re-quantizations of the whole layer (K and V)
+        orig = layer._quantize
+
+        def counted(tensor: torch.Tensor, axis: int, _orig: Any = orig) -> Any:
+            flushes["n"] += 1
+            return _orig(tensor, axis)
+
+        layer._quantize = counted
+    return cache
+
+
+def _timed_decode(forward: Any, tok: torch.Tensor, n: int, tl: Timeline, flushes: dict[str, int],
+                  n_layers: int) -> None:
+    """`n` timed greedy steps from `tok` `[B, 1]` (`forward(tok)` → logits `[B, V]`): the
+    decode fields of `tl.out`, a growth being one residual flush of every layer."""
+    state = {"tok": tok}
+
+    def step() -> None:
+        state["tok"] = forward(state["tok"]).argmax(-1, keepdim=True)
+
+    before = flushes["n"]
+    tl.start("decode")
+    samples = decode_loop(step, n, tl.device)
+    tl.stop("decode")
+    finish_decode(tl.out, samples)
+    events = (flushes["n"] - before) // (2 * n_layers)
+    tl.out["decode_growth_events"] = events
+    tl.out["decode_growth"] = events > 0

@@ -17,6 +17,7 @@ from typing import Any
 
 from kvtax.errors import FormatError
 from kvtax.formats import KVSpec, fit_head_dim
+from kvtax.harness.kv_arm import KVArm, parse_arm
 from kvtax.harness.schema import PATHS, arm_name, make_cell_id
 
 QUANTIZED_ONLY = ("unfused", "dequant", "hf-quantized")
@@ -105,11 +106,47 @@ class SweepConfig:
                 out.append(("fp16", "fp16"))
                 continue
             for kv in self.kvs:
-                spec = resolve_kv(kv, self.resolved_head_dim())
+                arm = self._arm(kv)
+                if not arm.is_plain:  # hybrid / per-layer: kvtax's own attention reads them
+                    if path == "fused":
+                        out.append((arm.cache, path))
+                    continue
+                spec = resolve_kv(arm.base, self.resolved_head_dim())
                 if path in QUANTIZED_ONLY and not spec.is_quantized:
                     continue  # a baseline for dequantizing has nothing to do on fp16
                 out.append((spec.name, path))
         return list(dict.fromkeys(out))  # drop repeats, keep order
+
+
+    def _arm(self, kv: str) -> KVArm:
+        """`kv` (kvtax.harness.kv_arm) fitted to the head_dim and checked; FormatError where
+        it names a path (that is --paths' job) or cannot run at this level."""
+        arm = parse_arm(kv)
+        if arm.path is not None:
+            raise FormatError(f"--kv {kv}: name the cache only; paths go in --paths")
+        if arm.is_plain:
+            return arm
+        if self.level != "model":
+            raise FormatError(f"--kv {kv}: fp16 sinks/recent and per-layer formats run at "
+                              "--level model")
+        hd = self.resolved_head_dim()
+        arm = arm.fit(hd)
+        try:
+            arm.check(hd, _num_layers(self.model))
+        except FormatError as exc:
+            raise FormatError(f"--kv {kv}: {exc}") from None
+        return arm
+
+
+def _num_layers(model: str) -> int | None:
+    """The layer count of `model`'s config (None where there is none to read)."""
+    from kvtax.errors import ModelNotFoundError
+    from kvtax.models import model_config
+
+    try:
+        return int(model_config(model).num_layers)
+    except ModelNotFoundError:
+        return None
 
 
 def model_shape(model: str) -> tuple[int, int, int] | None:

@@ -140,22 +140,8 @@ def run_sweep(
     """
     stream = stream or sys.stdout
     say = print_fn or (lambda s: print(s, file=stream, flush=True))
-    if resume:
-        store = RunStore.open(resume, kind="bench", required=RESUME_KEYS)
-        stored = store.config()
-        cfg = SweepConfig.from_dict(stored)
-        cell_overrides = dict(stored.get("cell_overrides") or {}, **(cell_overrides or {}))
-        check_engine(cfg)
-        say(f"resuming {store.path}")
-    else:
-        check_engine(cfg)
-        # Flat: the sweep's fields at top level (cv_threshold, claims... are what reports read).
-        config = dict(cfg.to_dict(), kind="bench", cell_overrides=cell_overrides or {},
-                      argv=sys.argv, command=command)
-        default = (f"bench-{Path(cfg.model).name}" if cfg.engine == "kvtax"
-                   else f"bench-{cfg.engine}-{Path(cfg.model).name}")
-        store = RunStore.create(out, name or default, config)
-        say(f"run folder {store.path}")
+    store, cfg, cell_overrides = _open_store(cfg, out, name, resume, cell_overrides, command,
+                                             say)
     env = environment(cfg.device)
     store.write_env(env)
 
@@ -163,19 +149,11 @@ def run_sweep(
     done = store.done_cell_ids()
     todo = [c for c in cells if c.cell_id not in done]
     total = len(cells)
-    say(
-        f"{total} cells ({len(cells) - len(todo)} already done), order seed {cfg.seed}, "
+    say(f"{total} cells ({len(cells) - len(todo)} already done), order seed {cfg.seed}, "
         f"{cfg.level}-level, model {cfg.model}, device {env['device']}"
-        + ("" if cfg.engine == "kvtax" else f", engine {cfg.engine}")
-    )
-    hf_reasons = {
-        kv: hf_quantized_unavailable(kv, cfg.model, cfg.level)
-        for kv in sorted({c.kv for c in todo if c.path == "hf-quantized"})
-    } if cfg.engine == "kvtax" else {}
+        + ("" if cfg.engine == "kvtax" else f", engine {cfg.engine}"))
+    hf_reasons = _hf_reasons(cfg, todo, say)
     base = baseline_of(cfg)
-    for kv, why in hf_reasons.items():
-        if why:
-            say(f"{kv}/hf-quantized is unavailable here (rows say so): {why}")
     tripped: dict[str, tuple[int, str]] = {}
     for r in store.rows():  # a resumed run remembers the failures of earlier calls
         _trip(tripped, r)
@@ -189,23 +167,12 @@ def run_sweep(
     cold: set[str] = set()  # arms whose warm-up was left for a later call
     try:
         for cell in todo:
-            payload = _payload(cell, store, env, cell_overrides)
-            if base:
-                payload["baseline_arm"] = base
-            why = hf_reasons.get(cell.kv) if cell.path == "hf-quantized" else None
-            if why:
-                # Written, not skipped: the report must show the arm could not run, and why.
-                store.append(failure_row(payload, "unavailable", None, why))
-                ran += 1
-                continue
-            why = skip_reason(cell, cfg, tripped)
-            if why:
-                store.append(failure_row(payload, "skipped", None, why))
-                ran += 1
-                continue
+            payload = dict(_payload(cell, store, env, cell_overrides),
+                           **({"baseline_arm": base} if base else {}))
             guess = clock.estimate(cell)
-            if budget_s is not None and guess > budget_s:  # no call of this budget can run it
-                store.append(failure_row(payload, "skipped", None, budget_skip(guess, budget_s)))
+            refused = _refusal(cell, cfg, tripped, hf_reasons, guess, budget_s)
+            if refused:
+                store.append(failure_row(payload, refused[0], None, refused[1]))
                 ran += 1
                 continue
             if budget_s is not None and (cell.arm in cold
@@ -214,34 +181,90 @@ def run_sweep(
                 if cell.warmup:  # ...but no arm is measured before its warm-up
                     cold.add(cell.arm)
                 continue
-            label = f"{cell.arm} ctx={cell.context} rep={cell.rep}" + (
-                " (warm-up)" if cell.warmup else ""
-            )
-            eta = ""
-            if executed >= 2:  # the first cell also paid for starting the fork server
-                per = (time.monotonic() - t_first) / (executed - 1)
-                eta = f" ETA {_fmt_secs(per * max(0, to_run - executed))}"
-            say(f"[{total - len(todo) + ran + 1}/{total}]{eta} {label} ...")
+            say(f"[{total - len(todo) + ran + 1}/{total}]"
+                f"{_eta(executed, t_first, to_run)} {_label(cell)} ...")
             t_cell = time.monotonic()
             row = executor.run(payload)
             store.append(row)
             clock.add(cell, time.monotonic() - t_cell)
             _trip(tripped, row)
-            ran += 1
-            executed += 1
-            if executed == 1:
-                t_first = time.monotonic()
+            ran, executed = ran + 1, executed + 1
+            t_first = time.monotonic() if executed == 1 else t_first
             say(f"    {_summary(row)}")
     finally:
         executor.close()
     if left:
         say(f"time budget of {_fmt_secs(budget_s or 0)} reached: {len(left)} cell(s) not run; "
             f"finish with: kvtax bench --resume {store.path}")
-    say(
-        f"done: {ran} cells in {_fmt_secs(time.monotonic() - t_start)}; rows in "
-        f"{store.rows_path}"
-    )
+    say(f"done: {ran} cells in {_fmt_secs(time.monotonic() - t_start)}; rows in "
+        f"{store.rows_path}")
     return store
+
+
+def _label(cell: Cell) -> str:
+    return f"{cell.arm} ctx={cell.context} rep={cell.rep}" + (
+        " (warm-up)" if cell.warmup else "")
+
+
+def _eta(executed: int, t_first: float, to_run: int) -> str:
+    """" ETA 3m 10s" from the cells run since the first (which also paid for starting the
+    fork server); "" before two have run."""
+    if executed < 2:
+        return ""
+    per = (time.monotonic() - t_first) / (executed - 1)
+    return f" ETA {_fmt_secs(per * max(0, to_run - executed))}"
+
+
+def _open_store(cfg: SweepConfig, out: str, name: str | None, resume: str | None,
+                cell_overrides: dict[str, Any] | None, command: str | None,
+                say: Printer) -> tuple[RunStore, SweepConfig, dict[str, Any] | None]:
+    """The run folder (reopened on `resume`, whose config and overrides then apply), the
+    sweep config and the cell overrides in effect."""
+    if resume:
+        store = RunStore.open(resume, kind="bench", required=RESUME_KEYS)
+        stored = store.config()
+        cfg = SweepConfig.from_dict(stored)
+        cell_overrides = dict(stored.get("cell_overrides") or {}, **(cell_overrides or {}))
+        check_engine(cfg)
+        say(f"resuming {store.path}")
+        return store, cfg, cell_overrides
+    check_engine(cfg)
+    # Flat: the sweep's fields at top level (cv_threshold, claims... are what reports read).
+    config = dict(cfg.to_dict(), kind="bench", cell_overrides=cell_overrides or {},
+                  argv=sys.argv, command=command)
+    default = (f"bench-{Path(cfg.model).name}" if cfg.engine == "kvtax"
+               else f"bench-{cfg.engine}-{Path(cfg.model).name}")
+    store = RunStore.create(out, name or default, config)
+    say(f"run folder {store.path}")
+    return store, cfg, cell_overrides
+
+
+def _hf_reasons(cfg: SweepConfig, todo: list[Cell], say: Printer) -> dict[str, str | None]:
+    """Why each kv's hf-quantized arm cannot run here (None: it can), said once each."""
+    if cfg.engine != "kvtax":
+        return {}
+    reasons = {kv: hf_quantized_unavailable(kv, cfg.model, cfg.level)
+               for kv in sorted({c.kv for c in todo if c.path == "hf-quantized"})}
+    for kv, why in reasons.items():
+        if why:
+            say(f"{kv}/hf-quantized is unavailable here (rows say so): {why}")
+    return reasons
+
+
+def _refusal(cell: Cell, cfg: SweepConfig, tripped: dict[str, tuple[int, str]],
+             hf_reasons: dict[str, str | None], guess: float,
+             budget_s: float | None) -> tuple[str, str] | None:
+    """(status, why) of a cell written as a row without running, else None."""
+    why = hf_reasons.get(cell.kv) if cell.path == "hf-quantized" else None
+    if why:
+        # Written, not skipped: the report must show the arm could not run, and why.
+        return "unavailable", why
+    why = skip_reason(cell, cfg, tripped)
+    if why:
+        return "skipped", why
+    if budget_s is not None and guess > budget_s:  # no call of this budget can run it
+        return "skipped", budget_skip(guess, budget_s)
+    return None
 
 
 def check_engine(cfg: SweepConfig) -> None:

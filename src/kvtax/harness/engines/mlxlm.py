@@ -46,7 +46,8 @@ from typing import Any
 
 from kvtax.errors import KVTaxError
 from kvtax.harness.engines.base import Engine, EngineSpec, EngineUnavailable
-from kvtax.harness.engines.text import TextEngine, eos_ids, text_tokenizer
+from kvtax.harness.engines.text import TextEngine, eos_ids
+from kvtax.harness.text import text_tokenizer
 
 _KV = re.compile(r"^q(\d)(?:-g(\d+))?$")
 BITS = (2, 3, 4, 5, 6, 8)      # what mx.quantize accepts

@@ -1,11 +1,12 @@
 """Text for in-process engines: one tokenizer view and one greedy generation loop.
 
 `TextEngine` gives an engine `tokenize` / `detokenize` / `prefix_ids` / `render_chat`
-through the TextTokenizers kvtax's recall already uses (HF tokenizers without automatic
-special tokens, plus their BOS and chat template; or the byte tokenizer of the built-in
-random configs), and `generate` as prefill + greedy `decode(1)` steps that stop at EOS or
-when `stop(text)` says so. Subclasses set `self.text` (None: no tokenizer) and
-`self.eos` in `load` and keep the last sampled token in `last_token()`.
+through the harness's one tokenizer protocol (kvtax.harness.text.TextTokenizer: HF
+tokenizers without automatic special tokens, plus their BOS and chat template; or the
+byte tokenizer of the built-in random configs), and `generate` as prefill + greedy
+`decode(1)` steps that stop at EOS or when `stop(text)` says so. Subclasses set `self.text`
+(None: no tokenizer) and `self.eos` in `load` and keep the last sampled token in
+`last_token()`.
 """
 
 from __future__ import annotations
@@ -14,17 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtax.harness.engines.base import EngineUnavailable
-
-
-def text_tokenizer(hf_tokenizer: Any = None, bos: int | None = None,
-                   eos: int | None = None) -> Any:
-    """recall's TextTokenizer over a HF tokenizer, else the byte tokenizer (BOS `bos`)."""
-    from kvtax.harness.recall.models import ByteTextTokenizer
-    from kvtax.harness.recall.transcript import HFTextTokenizer
-
-    if hf_tokenizer is not None:
-        return HFTextTokenizer(hf_tokenizer)
-    return ByteTextTokenizer(256 if bos is None else bos, 257 if eos is None else eos)
 
 
 def eos_ids(*sources: Any) -> set[int]:

@@ -40,7 +40,8 @@ import torch
 
 from kvtax.errors import KVTaxError
 from kvtax.harness.engines.base import Engine, EngineSpec, EngineUnavailable, MemoryCounter
-from kvtax.harness.engines.text import TextEngine, eos_ids, text_tokenizer
+from kvtax.harness.engines.text import TextEngine, eos_ids
+from kvtax.harness.text import text_tokenizer
 
 PATHS = ("eager", "compiled")
 _QUANT = re.compile(r"^(quanto|hqq)-int(\d)(?:-g(\d+))?$")
@@ -200,7 +201,7 @@ class TransformersEngine(TextEngine, Engine):
     # ---- setup
 
     def load(self) -> None:
-        from kvtax.harness.bench.cells import torch_dtype
+        from kvtax.harness.dtypes import torch_dtype
 
         why = arm_unavailable(self.arm, self.spec.path, self.spec.model)
         if why:

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from kvtax.harness.engines import Engine, EngineSpec, require_engine
-from kvtax.harness.quality.probe import QualityConfig, QualityInputError, _deltas, text_ids, text_of
+from kvtax.harness.quality.metrics import ppl_deltas
+from kvtax.harness.quality.probe import QualityConfig, QualityInputError, text_ids, text_of
 from kvtax.harness.quality.metrics import TailStats, kl_divergence, top1_agree
 from kvtax.harness.recall.probe import model_label
 from kvtax.harness.schema import arm_name, base_row, make_cell_id, utc_now, validate_row
@@ -174,7 +175,7 @@ def _measure(engine: Engine, cfg: QualityConfig, cell: dict[str, Any], ids: list
                         layer_attn_rel_err=None, head_attn_rel_err=None)
         if is_base:
             refs[ctx] = (logp, measured)
-        row.update(measured, **_deltas(measured, measured if is_base else refs[ctx][1]),
+        row.update(measured, **ppl_deltas(measured, measured if is_base else refs[ctx][1]),
                    status="ok")
     except Exception as exc:  # noqa: BLE001 - a failed cell is a row, the run goes on
         oom = isinstance(exc, (MemoryError, torch.OutOfMemoryError))

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from kvtax.attention import attention
-from kvtax.attention.hybrid import hybrid_attention
 
 
 def log_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -83,7 +82,7 @@ class LayerErrorProbe:
     """Measures each layer's attention error against an fp16 shadow of its own cache.
 
     Use as a context manager around a pass: it sets every layer's `attn_fn` to one that
-    runs the layer's real attention (`hybrid_attention`, which also serves plain views)
+    runs the layer's real attention (`attention`, which also serves hybrid views)
     and, for queries at positions >= `tail_start`, attention over `shadows[i]` (an fp16
     cache fed the same K/V through `tee`) with the same q; on exit the original
     `attn_fn`s are back. `shadows=None` measures nothing (the baseline pass).
@@ -121,7 +120,7 @@ class LayerErrorProbe:
 
     def _attn_fn(self, i: int) -> Callable:
         def fn(q: torch.Tensor, view: Any, **kw: Any) -> torch.Tensor:
-            out = hybrid_attention(q, view, **kw)
+            out = attention(q, view, **kw)
             if self.shadows is None:
                 return out
             length = view.length
@@ -168,3 +167,17 @@ class _Tee:
 
     def view(self) -> Any:
         return self.cache.view()
+
+
+def ppl_deltas(summary: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
+    """A row's perplexity fields against the baseline's (`ppl_base`, `ppl_delta`, and the
+    same over all positions, `ppl_full_*`); all None without a baseline."""
+    out: dict[str, Any] = {"ppl_base": None, "ppl_delta": None, "ppl_full_base": None,
+                           "ppl_full_delta": None}
+    if base is None:
+        return out
+    for key in ("ppl", "ppl_full"):
+        if summary.get(key) is not None and base.get(key) is not None:
+            out[f"{key}_base"] = base[key]
+            out[f"{key}_delta"] = summary[key] - base[key]
+    return out

@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
-from kvtax.cache import FullCache, SlidingCache
-from kvtax.cache.hybrid import HybridCache
+from kvtax.cache import SlidingCache, make_caches
 from kvtax.errors import KVTaxError
-from kvtax.formats import KVSpec
-from kvtax.formats.hybrid import HybridSpec, fit_kv_name, parse_kv
+from kvtax.formats.hybrid import fit_kv_name
+from kvtax.harness.kv_arm import parse_arm
 from kvtax.harness.quality.metrics import (
     LayerErrorProbe,
     TailStats,
+    ppl_deltas,
     kl_divergence,
     log_probs,
     nll,
@@ -91,10 +91,12 @@ def check_config(cfg: QualityConfig) -> None:
     if cfg.text is not None and not Path(cfg.text).is_file():
         raise QualityInputError(f"--text {cfg.text}: no such file")
     for kv in [cfg.baseline, *cfg.kvs] + ([cfg.sliding_kv] if cfg.sliding_kv else []):
-        base, layers = split_layer_formats(kv)
-        for spec in [base, *layers.values()]:
-            parse_kv(spec)  # FormatError names the valid formats
-    if isinstance(parse_kv(cfg.baseline), HybridSpec):
+        arm = parse_arm(kv)
+        arm.specs()  # FormatError names the valid formats
+        if arm.path is not None:
+            raise QualityInputError(f"{kv!r}: quality arms name a cache, no /PATH (the "
+                                    "kvtax engine reads it through the fused kernels)")
+    if not parse_arm(cfg.baseline).is_plain:
         raise QualityInputError("the baseline must be a plain format (fp16, bf16, fp32)")
 
 
@@ -125,45 +127,6 @@ def text_ids(tok: Any, text: str, n: int) -> list[int]:
             "target); pass a longer --text or smaller --contexts"
         )
     return ids[:n]
-
-
-def layer_cache(kv: "KVSpec | HybridSpec", window: int | None, chunk: int) -> Any:
-    """The cache of one layer: hybrid, full or sliding (ring fixed for `chunk`-token chunks)."""
-    if isinstance(kv, HybridSpec):
-        return HybridCache(kv, window=window, max_chunk=chunk)
-    if window is None:
-        return FullCache(kv)
-    return SlidingCache(kv, window=window, max_chunk=chunk)
-
-
-def split_layer_formats(kv: str) -> tuple[str, dict[int, str]]:
-    """`"int8+hk/L0:fp16/L8:fp16"` → ("int8+hk", {0: "fp16", 8: "fp16"}): an arm whose
-    listed layers keep another format (the layers the per-layer error table names)."""
-    base, *rest = kv.split("/")
-    layers: dict[int, str] = {}
-    for part in rest:
-        index, sep, fmt = part.partition(":")
-        if not (sep and index[:1] == "L" and index[1:].isdigit() and fmt):
-            raise QualityInputError(f"{kv!r}: a layer override is L<index>:<format>, got {part!r}")
-        layers[int(index[1:])] = fmt
-    return base, layers
-
-
-def check_layers(kv: str, layers: dict[int, str], num_layers: int) -> None:
-    """Refuse layer overrides of `kv` that name layers the model does not have."""
-    bad = [i for i in layers if not 0 <= i < num_layers]
-    if bad:
-        raise QualityInputError(f"{kv!r} names layers {bad} outside 0..{num_layers - 1}")
-
-
-def build_caches(windows: list[int | None], kv: str, sliding_kv: str | None,
-                 chunk: int) -> list[Any]:
-    base, layers = split_layer_formats(kv)
-    check_layers(kv, layers, len(windows))
-    spec = parse_kv(base)
-    slide = parse_kv(sliding_kv) if sliding_kv else spec
-    return [layer_cache(parse_kv(layers[i]) if i in layers else (spec if w is None else slide),
-                        w, chunk) for i, w in enumerate(windows)]
 
 
 def resident_nbytes(cache: Any) -> int:
@@ -268,13 +231,10 @@ def run_quality(
     # names without a group size take one dividing head_dim (int8 → int8-g32 at 96)
     hd = net.config.head_dim
     cfg = dataclasses.replace(cfg, baseline=fit_kv_name(cfg.baseline, hd),
-                              kvs=[fit_kv_name(kv, hd) for kv in cfg.kvs],
+                              kvs=[parse_arm(kv).fit(hd).name for kv in cfg.kvs],
                               sliding_kv=cfg.sliding_kv and fit_kv_name(cfg.sliding_kv, hd))
     for kv in [cfg.baseline, *cfg.kvs]:  # every arm checked before the first cell runs
-        base, layers = split_layer_formats(kv)
-        check_layers(kv, layers, len(windows))
-        for spec in [base, *layers.values()]:
-            parse_kv(spec).check(net.config.head_dim)
+        parse_arm(kv).check(hd, len(windows))
     longest = max(cfg.contexts)
     if longest > net.config.max_position_embeddings:
         log(f"warning: context {longest} exceeds the model's trained length "
@@ -283,44 +243,47 @@ def run_quality(
     if store is None:
         store = RunStore.create(root, name, cfg.to_dict())
     store.write_env(environment(cfg.device))
-    commit = git_commit()
     log(f"kvtax quality: run folder {store.path}")
-    done = store.done_cell_ids()
+    done, commit = store.done_cell_ids(), git_commit()
     kvs = [cfg.baseline] + [k for k in cfg.kvs if k != cfg.baseline]
-    seq = 0
-    for ctx in sorted(cfg.contexts):
-        cells = []
-        for kv in kvs:
-            cells.append(_cell(cfg, kv, ctx, seq))
-            seq += 1
-        if all(c["cell_id"] in done for c in cells):
-            continue
-        ids = torch.tensor([all_ids[: ctx + 1]])
-        ref_logp, base = None, None
-        for cell in cells:
-            kv = cell["kv"]
-            is_base = kv == cfg.baseline
-            if not is_base and ref_logp is None:
-                break  # the baseline failed: nothing to compare with
-            if not is_base and cell["cell_id"] in done:
-                continue
-            row = base_row(cell, run_id=store.run_id, device=cfg.device, git_commit=commit)
-            try:
-                measured, logp = measure(net, ids, kv, cfg, ref_logp, _progress(log, kv, ctx))
-                if is_base:
-                    ref_logp, base = logp, measured
-                row.update(measured, **_deltas(measured, base), status="ok")
-            except Exception as exc:  # noqa: BLE001 - a failed cell is a row, the run goes on
-                oom = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
-                row.update(status="oom" if oom else "error", phase="prefill",
-                           error=f"{type(exc).__name__}: {exc}")
-                row["traceback"] = traceback.format_exc()[-4000:]  # the row, not the terminal
-            row["timestamp"] = utc_now()
-            validate_row(row)
-            if cell["cell_id"] not in done:
-                store.append(row)
-            log(_line(row))
+    for i, ctx in enumerate(sorted(cfg.contexts)):
+        cells = [_cell(cfg, kv, ctx, i * len(kvs) + j) for j, kv in enumerate(kvs)]
+        if not all(c["cell_id"] in done for c in cells):
+            _run_context(net, torch.tensor([all_ids[: ctx + 1]]), cells, cfg, store, done,
+                         commit, log)
     return store.path
+
+
+def _run_context(net: Any, ids: torch.Tensor, cells: list[dict[str, Any]], cfg: QualityConfig,
+                 store: RunStore, done: set[str], commit: str | None,
+                 log: Callable[[str], None]) -> None:
+    """The cells of one context `ids` `[1, c + 1]`: the baseline's pass first (its
+    log-probabilities are what every format is compared with), then each format's; each
+    cell's row appended unless the run folder has it."""
+    ref_logp, base = None, None
+    for cell in cells:
+        kv, ctx = cell["kv"], cell["context"]
+        is_base = kv == cfg.baseline
+        if not is_base and ref_logp is None:
+            break  # the baseline failed: nothing to compare with
+        if not is_base and cell["cell_id"] in done:
+            continue
+        row = base_row(cell, run_id=store.run_id, device=cfg.device, git_commit=commit)
+        try:
+            measured, logp = measure(net, ids, kv, cfg, ref_logp, _progress(log, kv, ctx))
+            if is_base:
+                ref_logp, base = logp, measured
+            row.update(measured, **ppl_deltas(measured, base), status="ok")
+        except Exception as exc:  # noqa: BLE001 - a failed cell is a row, the run goes on
+            oom = isinstance(exc, (MemoryError, torch.OutOfMemoryError))
+            row.update(status="oom" if oom else "error", phase="prefill",
+                       error=f"{type(exc).__name__}: {exc}")
+            row["traceback"] = traceback.format_exc()[-4000:]  # the row, not the terminal
+        row["timestamp"] = utc_now()
+        validate_row(row)
+        if cell["cell_id"] not in done:
+            store.append(row)
+        log(_line(row))
 
 
 def measure(
@@ -337,9 +300,11 @@ def measure(
     windows = net.config.layer_windows()
     is_base = ref_logp is None
     c = ids.shape[1] - 1
-    caches = build_caches(windows, kv, cfg.sliding_kv, cfg.chunk_size)
+    arm = parse_arm(kv)  # hybrid and per-layer caches come from the one factory
+    caches = make_caches(windows, arm.base, sliding_spec=cfg.sliding_kv, overrides=arm.layers,
+                         max_chunk=cfg.chunk_size)
     # fp16 shadows of this pass's own K/V give each layer's attention error.
-    shadows = None if is_base else build_caches(windows, cfg.baseline, None, cfg.chunk_size)
+    shadows = None if is_base else make_caches(windows, cfg.baseline, max_chunk=cfg.chunk_size)
     probe = LayerErrorProbe(net, shadows, c - cfg.tail)
     with probe:
         stats, logp = score_pass(net, caches, ids, chunk=cfg.chunk_size, tail=cfg.tail,
@@ -353,18 +318,6 @@ def measure(
         seconds=time.perf_counter() - t0,
     )
     return row, logp
-
-
-def _deltas(summary: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"ppl_base": None, "ppl_delta": None, "ppl_full_base": None,
-                           "ppl_full_delta": None}
-    if base is None:
-        return out
-    for key in ("ppl", "ppl_full"):
-        if summary.get(key) is not None and base.get(key) is not None:
-            out[f"{key}_base"] = base[key]
-            out[f"{key}_delta"] = summary[key] - base[key]
-    return out
 
 
 def _progress(log: Callable[[str], None], kv: str, ctx: int) -> Callable[[int], None]:

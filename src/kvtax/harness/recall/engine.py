@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtax.harness.engines import Engine, EngineSpec, require_engine
+from kvtax.harness.kv_arm import parse_arm
 from kvtax.harness.recall.models import stop_after_line
 
 ANSWER_ROOM = 256  # tokens past the longest context an arm's cache must hold
@@ -84,8 +85,8 @@ class EngineRecallModel:
     def resolve(self, arm: str) -> tuple[str, str]:
         """(kv, path) of "KV[/PATH]" (the engine's default path when none is given);
         KVTaxError (one line) for a name the engine does not know."""
-        kv, _, path = arm.strip().partition("/")
-        path = path or self.cls.default_paths()[0]
+        parsed = parse_arm(arm)
+        kv, path = parsed.cache, parsed.path or self.cls.default_paths()[0]
         if not self.cls.arms([kv], [path]):
             raise ValueError(f"engine {self.engine} has no arm {arm!r}")
         return kv, path

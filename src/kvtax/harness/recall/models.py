@@ -13,39 +13,22 @@ Two engines behind one `session(kv, path, prefix, capacity).ask(suffix, budget)`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kvtax.harness.recall.transcript import HFTextTokenizer, TextTokenizer
+from kvtax.harness.dtypes import kv_name, torch_dtype
+from kvtax.harness.kv_arm import parse_arm
+from kvtax.harness.text import ByteTextTokenizer, HFTextTokenizer, TextTokenizer
 from kvtax.models.gguf import gguf_folder  # noqa: F401 - where recall code found it
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-          "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_DTYPE_KV = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 class Unavailable(RuntimeError):
     """This engine cannot run this arm here (a missing package or adapter); not a failure."""
-
-
-class ByteTextTokenizer:
-    """The runner's byte tokenizer without its automatic BOS, which the frame adds once."""
-
-    def __init__(self, bos: int = 256, eos: int = 257):
-        self.bos, self.eos_token_id = bos, eos
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
-
-    def prefix_ids(self) -> list[int]:
-        return [self.bos]
 
 
 def stop_after_line(text: str) -> bool:
@@ -68,23 +51,24 @@ class RecallModel:
     sliding_kv: str | None = None
 
     def resolve(self, arm: str) -> tuple[str, str]:
-        """(kv, schema path) of an arm written "FORMAT[/PATH]" or "native".
+        """(kv, schema path) of an arm (`kvtax.harness.kv_arm`) or "native".
 
-        kvtax engine: every format on the fused path. hf engine: "native" (or the model's
-        dtype) is transformers' own cache (path fp16); "FORMAT" is kvtax's cache through
-        the transformers adapter (path fused); "FORMAT/hf-quantized" is transformers'
-        QuantizedCache. "FORMAT/L0:fp16[/L8:int8...]" keeps the listed layers in another
-        format (kvtax engine; `kvtax.harness.recall.hybrid_runner`): the whole arm is the kv.
+        kvtax engine: every cache (hybrid `int4+hk@s4r128`, per-layer `int8+hk:L0=fp16`)
+        on the fused path. hf engine: "native" (or the model's dtype) is transformers' own
+        cache (path fp16); "FORMAT" is kvtax's cache through the transformers adapter
+        (path fused); "FORMAT/hf-quantized" is transformers' QuantizedCache.
         """
-        kv, _, path = arm.strip().partition("/")
-        if path[:1] == "L" and ":" in path.split("/")[0]:  # per-layer formats, not a path
-            kv, path = arm.strip(), ""
+        parsed = parse_arm(arm)
+        kv, path = parsed.cache, parsed.path or ""
         if kv == "native":
             kv = self.native_kv
         if self.engine == "kvtax":
             if path not in ("", "fused"):
                 raise ValueError(f"arm {arm!r}: the kvtax engine runs the fused path only")
             return kv, "fused"
+        if not parsed.is_plain:
+            raise ValueError(f"arm {arm!r}: fp16 sinks/recent (@s<S>r<R>) and per-layer "
+                             "formats (:L<i>=FORMAT) need the kvtax engine")
         if kv == self.native_kv and path in ("", "fp16"):
             return kv, "fp16"
         if path not in ("", "fused", "hf-quantized"):
@@ -97,7 +81,7 @@ class RecallModel:
         """The unquantized KV format this engine's baseline uses (hf: the model's dtype)."""
         if self.engine == "kvtax":
             return "fp16"
-        return _DTYPE_KV.get(next(self.model.parameters()).dtype, "fp16")
+        return kv_name(next(self.model.parameters()).dtype)
 
     def session(self, kv: str, path: str, prefix: list[int], capacity: int) -> "Session":
         """Questions that all start with `prefix`, on one arm; see `Session`."""
@@ -186,8 +170,9 @@ class Session:
             return
         from kvtax.models import Runner
 
-        self.runner = Runner(model.model, kv=kv, sliding_kv=model.sliding_kv,
-                             chunk_size=model.chunk_size)
+        arm = parse_arm(kv)  # a hybrid base and per-layer formats: the runner's caches
+        self.runner = Runner(model.model, kv=arm.base, overrides=arm.layers or None,
+                             sliding_kv=model.sliding_kv, chunk_size=model.chunk_size)
 
     def _prefill_prefix(self) -> None:
         self.runner.release_graph()
@@ -274,19 +259,19 @@ def load_recall_model(
     """
     if engine not in ("auto", "kvtax", "hf"):
         raise ValueError(f"engine must be auto, kvtax or hf, not {engine!r}")
-    torch_dtype = DTYPES[dtype]
+    dtype_t = torch_dtype(dtype)
     path = Path(source).expanduser()
     is_gguf = path.suffix == ".gguf"
     if engine in ("auto", "kvtax"):
         try:
-            return _load_kvtax(source, path, is_gguf, torch_dtype, device, chunk_size,
+            return _load_kvtax(source, path, is_gguf, dtype_t, device, chunk_size,
                                sliding_kv, seed)
         except Exception as exc:  # noqa: BLE001 - any loader failure means "try transformers"
             if engine == "kvtax":
                 raise
             print(f"kvtax recall: the kvtax loader cannot read {source} ({exc}); "
                   "using transformers (unquantized KV only)")
-    return _load_hf(source, path, is_gguf, torch_dtype, device)
+    return _load_hf(source, path, is_gguf, dtype_t, device)
 
 
 def _load_kvtax(source: str, path: Path, is_gguf: bool, dtype: torch.dtype, device: str,

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtax.formats.hybrid import fit_kv_name
+from kvtax.harness.kv_arm import parse_arm
 from kvtax.errors import KVTaxError
 from kvtax.harness.recall.facts import Fact, grade, make_facts
 from kvtax.harness.recall.models import RecallModel, Unavailable, load_recall_model
@@ -109,7 +109,9 @@ def _fitted(model: RecallModel, kvs: list[str]) -> list[str]:
     """`kvs` with each format named without a group size given one dividing the model's
     head_dim, so rows name what is stored ("int8" → "int8-g32" at 96)."""
     head_dim = getattr(getattr(getattr(model, "model", None), "config", None), "head_dim", None)
-    return [fit_kv_name(kv, head_dim) for kv in kvs] if isinstance(head_dim, int) else kvs
+    if not isinstance(head_dim, int):
+        return kvs
+    return [parse_arm(kv).fit(head_dim).name for kv in kvs]
 
 
 def run_recall(

@@ -18,9 +18,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Sequence
 
 from kvtax.harness.recall.facts import Fact
+from kvtax.harness.text import TextTokenizer
 
 INTRO = (
     "Read the document below. Somewhere in it are a few sentences that record codes and "
@@ -29,47 +30,6 @@ INTRO = (
 ASK = "\n\nQuestion: {question}\nReply with the exact value only, on one line."
 _SENTINEL = "\u2063KVTAX_DOCUMENT\u2063"
 SNAP = 48  # tokens a fact may move from its exact depth to sit between two sentences
-
-
-class TextTokenizer(Protocol):
-    """What the builder needs from a tokenizer: text <-> ids, without special tokens."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
-class HFTextTokenizer:
-    """A transformers tokenizer seen through `TextTokenizer`, plus its chat template."""
-
-    def __init__(self, tok: Any):
-        self.tok = tok
-
-    def encode(self, text: str) -> list[int]:
-        # Special-token strings in rendered chat templates (<|im_start|>) map to their ids.
-        return list(self.tok.encode(text, add_special_tokens=False))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True)
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self.tok.eos_token_id
-
-    def prefix_ids(self) -> list[int]:
-        """Tokens the tokenizer puts before any text by default (usually BOS)."""
-        with_special = self.tok("a", add_special_tokens=True)["input_ids"]
-        plain = self.tok("a", add_special_tokens=False)["input_ids"]
-        n = len(with_special) - len(plain)
-        return list(with_special[:n]) if n > 0 and with_special[n:] == plain else []
-
-    def render_chat(self, user_text: str) -> str | None:
-        """The chat template applied to one user message, or None without a template."""
-        if not getattr(self.tok, "chat_template", None):
-            return None
-        return self.tok.apply_chat_template(
-            [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
-        )
 
 
 def frame_ids(
