@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests import kernels_env as ke
-from tests.kernels_env import interpret_mode  # noqa: F401 (autouse)
+from tests.support import kernels_env as ke
+from tests.support.kernels_env import interpret_mode  # noqa: F401 (autouse)
 
 from kvtax import pdl  # noqa: E402
 from kvtax.attention import triton_api as ta  # noqa: E402

@@ -12,8 +12,8 @@ import dataclasses
 import pytest
 import torch
 
-from tests import kernels_env as ke
-from tests.kernels_env import interpret_mode  # noqa: F401 (autouse)
+from tests.support import kernels_env as ke
+from tests.support.kernels_env import interpret_mode  # noqa: F401 (autouse)
 
 from kvtax import pdl  # noqa: E402
 from kvtax.attention import attention  # noqa: E402
