@@ -15,11 +15,12 @@ import dataclasses
 import pytest
 import torch
 
-from tests.support import kernels_env as ke
-from tests.support.kernels_env import DEVICE, interpret_mode  # noqa: F401 (autouse)
+from kvtax.attention.triton_api import triton_attention
+from kvtax.cache import FullCache, SlidingCache
+from tests.support import kernels as ke
+from tests.support.kernels import DEVICE
 
-from kvtax.attention.triton_api import triton_attention  # noqa: E402
-from kvtax.cache import FullCache, SlidingCache  # noqa: E402
+pytestmark = pytest.mark.kernels
 
 
 def _caches(spec: str, sliding: bool):

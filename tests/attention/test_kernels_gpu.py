@@ -3,7 +3,7 @@
 Contexts 1..8193, head dims 64/80/96/128/256, GQA 1/4/8, decode and prefill chunks,
 every format and mixed K/V pairs, sliding windows, soft-capping, and a decode step
 replayed from a CUDA graph with device-side lengths. Skipped on CPU, where
-tests/test_kernels_interp.py runs the same kernels through the interpreter.
+tests/attention/test_kernels_interp.py runs the same kernels through the interpreter.
 """
 
 from __future__ import annotations
@@ -11,13 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support import kernels_env as ke
-from tests.support.kernels_env import build, check, interpret_mode  # noqa: F401 (autouse)
+from tests.support import kernels as ke
+from tests.support.kernels import build, check
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not ke.HAS_CUDA, reason="needs a CUDA device"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.kernels]
 
 CONTEXTS = [1, 63, 255, 256, 257, 1000, 8193]
 HEAD_DIMS = [64, 80, 96, 128, 256]

@@ -1,9 +1,9 @@
 """Fused Triton attention vs the float32 reference, small shapes (CPU: Triton interpreter).
 
 On a machine without CUDA every test here runs the real kernels through
-`TRITON_INTERPRET=1` (see tests/kernels_env.py); with CUDA they run compiled. The grid
+`TRITON_INTERPRET=1` (tests/conftest.py builds them); with CUDA they run compiled. The grid
 is a covering subset that keeps the interpreter under a couple of minutes; the full grid
-is tests/test_kernels_gpu.py.
+is tests/attention/test_kernels_gpu.py.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import dataclasses
 import pytest
 import torch
 
-from tests.support import kernels_env as ke
-from tests.support.kernels_env import DEVICE, build, check, interpret_mode  # noqa: F401 (autouse)
-
-from kvtax.attention import triton_api  # noqa: E402  (after kernels_env set the mode)
+from kvtax.attention import triton_api
 from kvtax.attention.triton_api import LaunchConfig, triton_attention, unsupported_reason
 from kvtax.errors import ShapeError
+from tests.support import kernels as ke
+from tests.support.kernels import DEVICE, build, check
+
+pytestmark = pytest.mark.kernels
 
 
 @pytest.fixture(autouse=True)

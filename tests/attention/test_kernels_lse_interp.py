@@ -1,7 +1,7 @@
 """Fused kernels for hybrid caches: per-row log-sum-exp and the min_distance / min_key masks
 against the torch reference `attention_lse`, and hybrid attention end to end.
 
-Small shapes through Triton's interpreter on CPU (tests/kernels_env.py), compiled on a
+Small shapes through Triton's interpreter on CPU (tests/conftest.py), compiled on a
 GPU. Launch configs with 16-slot tiles make short caches cover every loop of the kernels:
 a masked head tile (keys before min_key), unmasked middle tiles, a masked tail.
 """
@@ -13,16 +13,17 @@ import warnings
 import pytest
 import torch
 
-from tests.support import kernels_env as ke
-from tests.support.kernels_env import DEVICE, TOLERANCE, build, interpret_mode  # noqa: F401 (autouse)
-
-from kvtax.attention import hybrid as hybrid_mod  # noqa: E402  (after kernels_env set the mode)
+from kvtax.attention import hybrid as hybrid_mod
 from kvtax.attention import triton_api
 from kvtax.attention.hybrid import hybrid_attention, part_attention
 from kvtax.attention.lse import attention_lse
 from kvtax.attention.triton_api import LaunchConfig, triton_attention_lse
 from kvtax.cache.hybrid import HybridCache
 from kvtax.errors import ShapeError
+from tests.support import kernels as ke
+from tests.support.kernels import DEVICE, TOLERANCE, build
+
+pytestmark = pytest.mark.kernels
 
 # (atol, rel RMS) of the log-sum-exp, by query dtype (scores of O(1..10))
 LSE_TOLERANCE = {torch.float16: (1e-2, 2e-3), torch.bfloat16: (6e-2, 1e-2),
@@ -191,7 +192,6 @@ def test_cpu_dispatch_stays_on_the_reference(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not ke.HAS_CUDA, reason="needs a CUDA device")
 def test_cuda_hybrid_uses_kernels_without_warning(monkeypatch):
     calls = []
     real = triton_api.triton_attention_lse

@@ -13,11 +13,12 @@ import dataclasses
 import pytest
 import torch
 
-from tests.support import kernels_env as ke
-from tests.support.kernels_env import DEVICE, build, check, interpret_mode  # noqa: F401 (autouse)
+from kvtax.attention.triton_api import swap_decode_config, swap_reason
+from kvtax.errors import ShapeError
+from tests.support import kernels as ke
+from tests.support.kernels import DEVICE, build, check
 
-from kvtax.attention.triton_api import swap_decode_config, swap_reason  # noqa: E402
-from kvtax.errors import ShapeError  # noqa: E402
+pytestmark = pytest.mark.kernels
 
 
 @pytest.mark.parametrize(

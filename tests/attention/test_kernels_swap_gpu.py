@@ -1,5 +1,5 @@
 """decode_swap_gluon.py (the CUDA path of kernel "swap") against the float32 reference
-(needs CUDA: Gluon does not run in Triton's interpreter; tests/test_kernels_swap.py runs
+(needs CUDA: Gluon does not run in Triton's interpreter; tests/attention/test_kernels_swap.py runs
 its Triton twin there). Contexts 1 to 70k over capacity-padded caches whose slots past
 the length hold random codes and NaN scales (they must never be read), G 1 / 2 / 4,
 batch 1 / 2, fp16 / bf16, int8 / int4, the causal edge with L = 2, split counts that
@@ -13,15 +13,10 @@ import dataclasses
 import pytest
 import torch
 
-from tests.support import kernels_env as ke
-from tests.support.kernels_env import interpret_mode  # noqa: F401 (autouse)
+from kvtax.attention import triton_api as ta
+from tests.support import kernels as ke
 
-from kvtax.attention import triton_api as ta  # noqa: E402
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not ke.HAS_CUDA, reason="needs a CUDA device (Gluon)"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.kernels]  # Gluon: compiled only
 
 
 @pytest.fixture(autouse=True)

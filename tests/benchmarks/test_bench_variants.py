@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support import gemv_env  # noqa: F401  (kernels built interpreted, as the other tests see them)
-from tests.support.kernels_env import interpret_mode  # noqa: F401 (autouse fixture)
+from kvtax.attention import triton_api as ta
+from kvtax.models import get_config, load_model
+from kvtax.models import gemv as gm
 
-from kvtax.attention import triton_api as ta  # noqa: E402
-from kvtax.models import get_config, load_model  # noqa: E402
-from kvtax.models import gemv as gm  # noqa: E402
-
+pytestmark = pytest.mark.kernels
 ROOT = Path(__file__).resolve().parents[2]
 
 

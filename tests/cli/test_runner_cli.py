@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvtax.cli import main
-from tests.support.models_env import one_thread  # noqa: F401  (autouse)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,8 @@ from kvtax import FullCache, SlidingCache, attention, make_caches
 from kvtax.errors import FormatError
 from kvtax.formats import DEFAULT_KV, KVSpec, default_kv, fit_head_dim
 from kvtax.models import CONFIG_NAMES, Runner, get_config, random_model
-from tests.support.models_env import one_thread  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
 GROUP = {64: 64, 80: 16, 96: 32, 128: 64, 256: 64}  # largest of GROUP_SIZES <= 64 dividing

@@ -1,7 +1,7 @@
 """Fused quantize-and-store kernel vs the torch path: bit-identical codes, scales, biases.
 
-On CPU the kernel runs through Triton's interpreter (built here with TRITON_INTERPRET=1,
-as tests/kernels_env.py does for the attention kernels) and is compared with torch on
+On CPU the kernel runs through Triton's interpreter (tests/conftest.py builds it with
+TRITON_INTERPRET=1, as it does the attention kernels) and is compared with torch on
 CPU; with CUDA it runs compiled and is compared with torch on CUDA, whose scale division
 differs (see kernels/quantize.py: RECIP). Inputs hold constant, zero, outlier, tiny and
 exact-tie rows, so rounding differences cannot hide.
@@ -16,18 +16,13 @@ import sys
 import pytest
 import torch
 
-from tests.support import kernels_env as ke
-from tests.support.kernels_env import interpret_mode  # noqa: F401 (autouse fixture)
+from kvtax.cache import FullCache, SlidingCache
+from kvtax.errors import ShapeError
+from kvtax.formats import AffineFormat, FP8Format, KVSpec, QTensor, rotate
+from kvtax.formats import store_triton
+from tests.support.device import DEVICE, HAS_CUDA
 
-# build this kernel interpreted too on CPU (see tests/kernels_env.py)
-ke.build_interpreted(("kvtax.formats.kernels.quantize", "kvtax.formats.store_triton"))
-
-from kvtax.cache import FullCache, SlidingCache  # noqa: E402
-from kvtax.errors import ShapeError  # noqa: E402
-from kvtax.formats import AffineFormat, FP8Format, KVSpec, QTensor, rotate  # noqa: E402
-from kvtax.formats import store_triton  # noqa: E402
-
-DEVICE = ke.DEVICE
+pytestmark = pytest.mark.kernels
 POISON = 0xFF  # every byte of unwritten storage; a NaN in float parts
 
 
@@ -203,7 +198,7 @@ def test_reciprocal_scale_matches_torch_on_cuda(dtype):
             bias = g.amin(-1).to(dtype)
             q = ((g - bias.float()[..., None]) / want.float()[..., None]).round().clamp(0, 255)
             assert torch.equal(dst.codes, q.to(torch.uint8).flatten(-2))
-    if dtype == torch.float32 and not ke.HAS_CUDA:  # the case must tell the two apart
+    if dtype == torch.float32 and not HAS_CUDA:  # the case must tell the two apart
         assert not torch.equal(_cuda_style_scales(spec.key, k), spec.key.quantize(k).scales)
 
 
@@ -268,7 +263,7 @@ def test_cache_filled_by_kernel_equals_torch(case, monkeypatch):
 
 def test_cpu_caches_use_torch_by_default(monkeypatch):
     """Without `fused_store=True` a CPU cache never reaches the (interpreted) kernel."""
-    if ke.HAS_CUDA:
+    if HAS_CUDA:
         pytest.skip("CPU behaviour")
     monkeypatch.setattr(store_triton, "quantize_store", lambda *a, **kw: pytest.fail("kernel used"))
     cache = FullCache("int8")
@@ -299,7 +294,6 @@ def test_unsupported_calls_say_why():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not ke.HAS_CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("spec", ["int8", "int4", "fp8", "k8v4", "bf16", "int8+hk+ck"])
 def test_cuda_graph_decode_writes(spec):
     """write_at captured once in a CUDA graph, replayed at several positions, equals the
@@ -371,7 +365,7 @@ def test_compiles_for_sm90_without_a_gpu():
     expressions); compile two variants for sm_90 in a fresh process (no interpreter)."""
     import subprocess
 
-    if ke.HAS_CUDA:
+    if HAS_CUDA:
         pytest.skip("the GPU runs compile the kernel for real")
     env = {**os.environ, "TRITON_DEFAULT_FP_FUSION": "0"}
     env.pop("TRITON_INTERPRET", None)

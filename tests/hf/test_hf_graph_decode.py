@@ -5,7 +5,7 @@ row's length from the device (`lengths`) and ignore the host length, which the r
 to a constant. On a CPU this test stands in for the kernels with a torch function that
 keeps exactly that contract, and checks that decoding through device positions gives what
 the host-length path gives, and that host and device bookkeeping agree afterwards. The
-kernels' own handling of `lengths` is tested with the kernels (tests/test_kernels_*.py).
+kernels' own handling of `lengths` is tested with the kernels (tests/attention/test_kernels_*.py).
 """
 
 from __future__ import annotations

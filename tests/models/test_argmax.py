@@ -7,16 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support import kernels_env as ke
-from tests.support.kernels_env import interpret_mode  # noqa: F401 (autouse fixture)
+from kvtax.models import argmax as am
+from kvtax.models.sampling import sample
+from tests.support.device import DEVICE
 
-ke.build_interpreted(("kvtax.models.kernels.argmax", "kvtax.models.argmax",
-                      "kvtax.models.sampling"))
-
-from kvtax.models import argmax as am  # noqa: E402
-from kvtax.models.sampling import sample  # noqa: E402
-
-DEVICE = ke.DEVICE
+pytestmark = pytest.mark.kernels
 
 
 @pytest.mark.parametrize("width", [1, 7, 1024, 2049, 5000, 40000])

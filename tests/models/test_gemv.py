@@ -1,8 +1,8 @@
 """Decode GEMV kernels (RMSNorm prologue, SiLU·up and residual epilogues, split-K) vs the
 float32 torch reference, small odd shapes (CPU: Triton interpreter).
 
-On a machine without CUDA the kernels are built here with TRITON_INTERPRET=1 (as
-tests/kernels_env.py does for the attention kernels) and run on CPU tensors.
+On a machine without CUDA tests/conftest.py builds the kernels with TRITON_INTERPRET=1
+and they run on CPU tensors.
 """
 
 from __future__ import annotations
@@ -16,18 +16,15 @@ import sys
 import pytest
 import torch
 
-from tests.support import gemv_env  # noqa: F401  (builds the kernels interpreted on CPU)
-from tests.support import kernels_env as ke
-from tests.support.kernels_env import interpret_mode  # noqa: F401 (autouse fixture)
+from kvtax import pdl
+from kvtax.errors import OptionError, ShapeError
+from kvtax.models import gemv as gm
+from kvtax.models.gemv import GemvConfig, default_config, gemv, gemv_reference
+from kvtax.models.rope import inv_frequencies, rope_cos_sin
+from tests.support.device import DEVICE, HAS_CUDA
+from tests.support.tensors import assert_close
 
-from kvtax import pdl  # noqa: E402
-from kvtax.errors import OptionError, ShapeError  # noqa: E402
-from kvtax.models import gemv as gm  # noqa: E402
-from kvtax.models.gemv import GemvConfig, default_config, gemv, gemv_reference  # noqa: E402
-from kvtax.models.rope import inv_frequencies, rope_cos_sin  # noqa: E402
-from tests.support.tensors import assert_close  # noqa: E402
-
-DEVICE = ke.DEVICE
+pytestmark = pytest.mark.kernels
 # (atol as a fraction of the largest |y|, rel RMS) against the float32 reference: the
 # kernel accumulates in fp32 and rounds once at the store, so half an ulp of the output
 # dtype (fp16 2^-11 relative) plus accumulation order bounds the error. bf16: a whole ulp
@@ -278,7 +275,7 @@ def test_rope_bad_input():
         print(what, "raised")
 
 
-@pytest.mark.skipif(not ke.HAS_CUDA, reason="programmatic dependent launch: CUDA sm_90+")
+@pytest.mark.gpu  # programmatic dependent launch: sm_90+ (skips below)
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("first", [0, 1, 3, 4],
                          ids=["wait-first", "after-tile", "residual", "residual+rope"])
@@ -364,11 +361,11 @@ def test_bad_input_raises(monkeypatch):
         GemvConfig(block_k=32, fold=64)
     assert gm.unsupported_reason(x, w, norm_weight=g, residual=r) is None
     monkeypatch.setattr(gm, "_interpreting", lambda: False)
-    if not ke.HAS_CUDA:
+    if not HAS_CUDA:
         assert "CUDA" in gm.unsupported_reason(x, w)
 
 
-@pytest.mark.skipif(ke.HAS_CUDA, reason="CPU check of the script; the GPU machine's Triton "
+@pytest.mark.skipif(HAS_CUDA, reason="CPU check of the script; the GPU machine's Triton "
                     "3.6 interpreter fails on runtime loop bounds with NumPy 2")
 def test_benchmark_dry_run(tmp_path):
     """benchmarks/gemv.py --dry-run: every arm runs on CPU (interpreter) and writes rows."""

@@ -13,15 +13,14 @@ import dataclasses
 import pytest
 import torch
 
-from tests.support import gemv_env  # noqa: F401  (builds the kernels interpreted on CPU)
-from tests.support.kernels_env import DEVICE, interpret_mode  # noqa: F401 (autouse fixture)
-from tests.support.models_env import one_thread  # noqa: F401  (autouse)
+from kvtax.errors import OptionError
+from kvtax.models import ModelConfig, Runner, random_model
+from kvtax.models.config import get_config
+from kvtax.models.decoder import gemv_blocker
+from tests.support.device import DEVICE
+from tests.support.tensors import assert_close
 
-from kvtax.errors import OptionError  # noqa: E402
-from kvtax.models import ModelConfig, Runner, random_model  # noqa: E402
-from kvtax.models.config import get_config  # noqa: E402
-from kvtax.models.decoder import gemv_blocker  # noqa: E402
-from tests.support.tensors import assert_close  # noqa: E402
+pytestmark = [pytest.mark.kernels, pytest.mark.usefixtures("one_thread")]
 
 
 # "tiny" at half width and two layers: the interpreter runs every program of every GEMV
@@ -62,7 +61,7 @@ def test_fused_decode_matches_torch_path(cfg, batch):
     model = random_model(cfg, dtype=torch.bfloat16, device=DEVICE, seed=3)
     assert gemv_blocker(cfg) is None and (model.layers[0].attn.wqkv.bias is not None) == bool(
         cfg.qkv_bias)
-    with torch.no_grad():  # peaked logits (tests/test_runner.py's _peaked): a visible signal
+    with torch.no_grad():  # peaked logits (tests/models/test_runner.py's _peaked): a visible signal
         for n, p in model.named_parameters():
             if "norm" not in n:
                 p.mul_(2.0)

@@ -13,7 +13,8 @@ import torch
 
 from kvtax.models import Runner, load_model
 from tests.support.tensors import assert_close
-from tests.support.models_env import one_thread  # noqa: F401  (autouse)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,7 +10,8 @@ import torch
 from kvtax.models import (
     CONFIG_NAMES, CheckpointError, ModelConfig, Runner, get_config, hf_name_map, load_model,
 )
-from tests.support.models_env import one_thread  # noqa: F401  (autouse)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

@@ -9,7 +9,8 @@ from kvtax.errors import CapacityError
 from kvtax.models import Runner, load_model
 from kvtax.models.sampling import _top_p_filter, sample
 from tests.support.tensors import assert_close, errors
-from tests.support.models_env import one_thread  # noqa: F401  (autouse)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 PROMPT = 40
 
@@ -170,7 +171,6 @@ def test_top_p_filter_keeps_the_nucleus() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", ["tiny", "tiny-gemma3"])
 @pytest.mark.parametrize("kv", ["fp16", "int8", "int4", "k8v4", "int8+hk+ck"])
 def test_cuda_graph_and_eager_give_the_same_tokens(name: str, kv: str) -> None:
@@ -189,7 +189,6 @@ def test_cuda_graph_and_eager_give_the_same_tokens(name: str, kv: str) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kv", ["int8", "int4"])
 def test_greedy_graph_feeds_itself_and_mixes_with_logits_steps(kv: str) -> None:
     """decode_greedy's graph (the argmax and the counters inside it) gives eager greedy

@@ -49,7 +49,6 @@ def test_compile_needs_cuda_graph_decode(capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kv", ["int8", "int8+hk+ck", "int4-g32+hk+ck"])
 def test_inductor_decode_step_matches_eager_on_cuda(kv):
     """The inductor build of the step (rotation matrix and key shift read as graph
@@ -83,7 +82,6 @@ def test_inductor_decode_step_matches_eager_on_cuda(kv):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kv", ["int8+hk+ck"])
 def test_compiled_graph_generate_runs(kv):
     """Runner(compile=True): the inductor step captured in a CUDA graph generates, and its

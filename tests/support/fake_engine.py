@@ -1,6 +1,6 @@
 """A fake engine for the engine plumbing's tests: exact, predictable numbers, no real stack.
 
-Registered through the "kvtax.engines" entry point by `tests/engine_env.py` (a throwaway
+Registered through the "kvtax.engines" entry point by `tests/support/engine_env.py` (a throwaway
 dist-info on PYTHONPATH), so `kvtax bench --engine fake` reaches it in fresh processes.
 Its "package" is the module `kvtax_fake_backend`, which the same fixture writes (or leaves
 out, to play a missing install).

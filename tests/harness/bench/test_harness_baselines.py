@@ -21,7 +21,8 @@ from kvtax.attention.masks import capacity_mask
 from kvtax.models import Runner, load_model
 from kvtax.models.runner import _clear_unwritten, _graph_blocker, decode_step_fn
 from tests.support.tensors import assert_close, rand_kv
-from tests.support.models_env import one_thread  # noqa: F401  (autouse)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 BASELINES = ("unfused", "dequant", "fp16")
 FNS = {**ATTENTION_PATHS, "fp16-folded": attention_sdpa_folded}  # + GQA folded into rows
@@ -217,7 +218,6 @@ def _gpu_fn(path: str):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name, path, backend, compiled", _GPU_CASES)
 def test_cuda_graph_decode_with_a_baseline_equals_eager(name, path, backend, compiled):
     """A model decode captured with each baseline (and each pinned SDPA backend) gives

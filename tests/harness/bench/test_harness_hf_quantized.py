@@ -18,7 +18,8 @@ from kvtax.harness.store import read_rows
 from kvtax.harness.bench.sweep import run_sweep
 from kvtax.models import CONFIG_NAMES, ModelConfig, Runner, get_config, load_model
 from tests.support.tensors import assert_close
-from tests.support.models_env import one_thread  # noqa: F401  (autouse)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 HAS_QUANTO = importlib.util.find_spec("optimum") is not None and (
     importlib.util.find_spec("optimum.quanto") is not None

@@ -2,7 +2,7 @@
 127.0.0.1): comments and pings, several tokens a chunk with the server's usage, a stream
 that ends early, HTTP errors, --url parsing, and the pid-from-port lookup.
 
-The end-to-end check against a real server is tests/test_engine_openai.py."""
+The end-to-end check against a real server is tests/harness/engines/test_engine_openai.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kvtax bench --engine NAME` end to end on a fake engine (tests/kvtax_fake_engine.py):
+"""`kvtax bench --engine NAME` end to end on a fake engine (tests/support/fake_engine.py):
 rows carry the engine, its version, settings and info; per-phase peaks come from the
 engine's own counter; resume, errors as rows, a missing package, bad arms; statistics
 use the engine's own baseline and bytes per token; `kvtax report A B` across engines."""

@@ -34,7 +34,8 @@ from kvtax.harness.quality.tables import quality_text_table, section_quality
 from kvtax.harness.recall.models import ByteTextTokenizer, load_recall_model
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import read_rows
-from tests.support.models_env import one_thread  # noqa: F401 - autouse fixture
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
 def test_kl_matches_hand_computed_values() -> None:

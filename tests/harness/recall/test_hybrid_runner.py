@@ -18,7 +18,8 @@ from kvtax.harness.recall.models import load_recall_model
 from kvtax.harness.schema import validate_row
 from kvtax.harness.store import RunStore, read_rows
 from kvtax.models import Runner
-from tests.support.models_env import one_thread  # noqa: F401 - autouse fixture
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 from kvtax.harness.report import plots
 from kvtax.harness.analysis.analyze import summarize
 from kvtax.harness.analysis.verdict import verdict
-from tests.harness.analysis.test_verdict import GPU, GPU_CTX, H200, WEIGHTS, planted_rows
+from tests.support.rows import GPU, GPU_CTX, H200, WEIGHTS, planted_rows
 
 pytest.importorskip("matplotlib")
 

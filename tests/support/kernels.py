@@ -1,82 +1,19 @@
-"""Shared setup for the kernel tests: routes Triton to its interpreter when there is no GPU.
-
-`triton.jit` decides between compiling and interpreting when a kernel is decorated, so
-on a machine without CUDA this module (re)builds the kernel modules with
-`TRITON_INTERPRET=1`, then restores the variable. The kernels then run through Triton's
-interpreter (numpy) on CPU tensors, which is how CI checks them.
+"""Attention kernel test cases: random q and a cache view (`build`), a NaN-poisoned launch
+checked against the float32 reference (`check`), the per-dtype tolerances and the online
+softmax's rescaling cases. Kernels run interpreted on CPU (tests/conftest.py builds them).
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-
-import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
-_KERNEL_MODULES = (
-    "kvtax.attention.kernels.dequant", "kvtax.attention.kernels.common",
-    "kvtax.attention.kernels.prefill", "kvtax.attention.kernels.decode",
-    "kvtax.attention.kernels.reduce", "kvtax.attention.kernels.decode_swap",
-    "kvtax.attention.triton_api",
-)
+from kvtax.attention import attention_blockwise
+from kvtax.attention.triton_api import triton_attention
+from kvtax.attention.view import CacheView
+from kvtax.cache import FullCache, SlidingCache
+from tests.support.device import DEVICE, HAS_CUDA  # noqa: F401 (kernel tests read ke.HAS_CUDA)
+from tests.support.tensors import assert_close
 
-
-def build_interpreted(names) -> None:  # noqa: ANN001
-    """(Re)import the modules `names` with TRITON_INTERPRET=1 on a machine without CUDA,
-    so their kernels run interpreted on CPU tensors. The variable is restored once they are
-    built and set again only while a kernel test runs (`interpret_mode`), so it never leaks
-    into other tests. With CUDA: nothing (the kernels compile)."""
-    if HAS_CUDA:
-        return
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        for name in names:
-            if name in sys.modules:  # imported earlier in compiled mode: rebuild
-                importlib.reload(sys.modules[name])
-            else:
-                importlib.import_module(name)
-    finally:
-        if saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-
-
-build_interpreted(_KERNEL_MODULES)
-
-from kvtax.attention import attention_blockwise  # noqa: E402
-from kvtax.attention.triton_api import triton_attention  # noqa: E402
-from kvtax.attention.view import CacheView  # noqa: E402
-from kvtax.cache import FullCache, SlidingCache  # noqa: E402
-from tests.support.tensors import assert_close  # noqa: E402
-
-@pytest.fixture(autouse=True)
-def interpret_mode(monkeypatch):
-    """Interpreter mode for the length of one kernel test (CPU only).
-
-    Triton's interpreter reads TRITON_INTERPRET at launch too, and it needs triton's own
-    `@jit` helpers (tl.sum, tl.max, tl.cdiv, ...) interpreted; they were compiled-mode if
-    another test module imported triton first, so they are swapped for interpreted twins
-    until the test ends. Kernel test modules import this fixture into their namespace.
-    """
-    if not HAS_CUDA:
-        import triton.language as tl
-        from triton.runtime.interpreter import InterpretedFunction
-        from triton.runtime.jit import JITFunction
-
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        for name in dir(tl):
-            fn = getattr(tl, name)
-            if isinstance(fn, JITFunction):
-                monkeypatch.setattr(tl, name, InterpretedFunction(fn.fn))
-    yield
-
-
-DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
 
 # (atol, rel RMS) against the float32 reference, by query dtype. fp16/bf16: the kernels
 # round dequantized K/V tiles and the softmax weights P to the model dtype before each
