@@ -51,6 +51,7 @@ def build_interpreted(names: list[str]) -> None:
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
+        _interpret_triton_helpers()
         for name in names:
             if name in sys.modules:  # imported earlier in compiled mode: rebuild
                 importlib.reload(sys.modules[name])
@@ -61,6 +62,29 @@ def build_interpreted(names: list[str]) -> None:
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = saved
+
+
+def _interpret_triton_helpers() -> None:
+    """Triton's own `@jit` helpers (tl.sum, tl.max, tl.cdiv, ...) as interpreted twins.
+
+    They are built when triton is first imported: interpreted if that happens here (the
+    usual case), compiled-mode if something imported triton earlier; interpreted kernels
+    cannot call compiled-mode helpers, so those are swapped for the whole run (on CPU the
+    compiled ones cannot run anyway). Gluon, which wraps them, is imported here too: the
+    interpreter imports it at its first launch, perhaps in a test without the mode.
+    """
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for name in dir(tl):
+        fn = getattr(tl, name)
+        if isinstance(fn, JITFunction):
+            setattr(tl, name, InterpretedFunction(fn.fn))
+    try:
+        import triton.experimental.gluon  # noqa: F401
+    except ImportError:  # a Triton without Gluon
+        pass
 
 
 build_interpreted(kernel_modules())  # conftest runs before any test module is imported
@@ -91,25 +115,11 @@ def pytest_make_collect_report(collector):  # noqa: ANN001
 
 @pytest.fixture(autouse=True)
 def interpret_mode(request, monkeypatch):  # noqa: ANN001
-    """Interpreter mode for the length of one `kernels` test (CPU only).
-
-    Triton's interpreter reads TRITON_INTERPRET at launch too, and it needs triton's own
-    `@jit` helpers (tl.sum, tl.max, tl.cdiv, ...) interpreted; they are compiled-mode if
-    triton was imported before this module built the kernels, so they are swapped for
-    interpreted twins until the test ends.
-    """
-    if HAS_CUDA or not HAS_TRITON or request.node.get_closest_marker("kernels") is None:
-        yield
-        return
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    for name in dir(tl):
-        fn = getattr(tl, name)
-        if isinstance(fn, JITFunction):
-            monkeypatch.setattr(tl, name, InterpretedFunction(fn.fn))
+    """TRITON_INTERPRET=1 for the length of one `kernels` test (CPU only): Triton's
+    interpreter reads it at launch too (constexpr functions). Other tests run without it,
+    so the processes they start build kvtax's kernels as a user's would."""
+    if not HAS_CUDA and request.node.get_closest_marker("kernels") is not None:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
     yield
 
 
