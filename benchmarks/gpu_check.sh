@@ -13,7 +13,7 @@ cat "$OUT/gpu.txt"
 XDIST=""
 python -c "import xdist" 2>/dev/null && XDIST="-n ${TEST_WORKERS:-12}"
 timeout "${TEST_S:-200}" python -m pytest -q -p no:cacheprovider $XDIST \
-    ${TEST_FILES:-tests/test_kernels_gpu.py tests/test_kernels_interp.py} > "$OUT/tests.log" 2>&1
+    ${TEST_FILES:-tests/attention/test_kernels_gpu.py tests/attention/test_kernels_interp.py} > "$OUT/tests.log" 2>&1
 echo "tests exit $?"
 grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
 grep -E "^FAILED|^ERROR" "$OUT/tests.log" | head -30

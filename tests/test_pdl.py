@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests import kernels_env as ke
-from tests.kernels_env import interpret_mode  # noqa: F401 (autouse)
+from kvtax import pdl
+from kvtax.attention import launch as attn_launch
+from kvtax.attention import triton_api as ta
+from tests.support import kernels as ke
 
-from kvtax import pdl  # noqa: E402
-from kvtax.attention import launch as attn_launch  # noqa: E402
-from kvtax.attention import triton_api as ta  # noqa: E402
+pytestmark = pytest.mark.kernels
 
 
 def test_pdl_is_off_on_cpu_and_names_unknown_families() -> None:

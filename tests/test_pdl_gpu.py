@@ -3,7 +3,7 @@ qkv-like producer, the fused cache store, the decode kernel (Gluon for int8 / in
 warp kernel for bf16) and the split-KV reduce, each reading what the one before wrote.
 Launched with PDL, each kernel waits before its first access; a kernel that read early
 would see the previous step's q, K/V slot or length here, because every step changes
-all three. Needs CUDA sm_90+ (PDL); tests/test_gemv.py checks the GEMV chain."""
+all three. Needs CUDA sm_90+ (PDL); tests/models/test_gemv.py checks the GEMV chain."""
 
 from __future__ import annotations
 
@@ -12,16 +12,11 @@ import dataclasses
 import pytest
 import torch
 
-from tests import kernels_env as ke
-from tests.kernels_env import interpret_mode  # noqa: F401 (autouse)
+from kvtax import pdl
+from kvtax.attention import attention
+from tests.support import kernels as ke
 
-from kvtax import pdl  # noqa: E402
-from kvtax.attention import attention  # noqa: E402
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not ke.HAS_CUDA, reason="programmatic dependent launch: CUDA sm_90+"),
-]
+pytestmark = [pytest.mark.gpu, pytest.mark.kernels]  # programmatic dependent launch: sm_90+
 
 
 def _step(cache, x, w, pos_t, len_t):
