@@ -1,6 +1,6 @@
 """torch.compile sees the fused kernels as two opaque custom ops, with no graph breaks.
 
-transformers' compiled decode (issue 5) traces the cache write and the attention of every
+transformers' compiled decode traces the cache write and the attention of every
 layer; Inductor must not re-specialize the Triton kernels (it failed to build them with
 Triton 3.6 on the H200), and a graph break per layer would split the decode step into 64
 pieces. The ops `kvtax::quantize_store` and `kvtax::attention` are traced here with

@@ -1,6 +1,6 @@
 """Every command tells the truth: one line on stderr and the documented exit status.
 
-Each case of issue 23's "What was seen" runs as a real `python -m kvtax.cli` process: its
+Each first-contact failure once seen on a fresh machine runs as a real `python -m kvtax.cli` process: its
 exit status, exactly one stderr line naming the problem, and no traceback. Most cases
 fail before any work starts, so they are launched together (two at a time) once per
 module; two small sweeps check the all-failed and partly-failed statuses.

@@ -75,7 +75,7 @@ def test_sigkill_mid_sweep_then_resume_loses_and_duplicates_nothing(tmp_path):
         validate_row(r)
         assert r["status"] == "ok", r
     env = json.loads((run / "env.json").read_text())
-    assert env["previous"], "the first session's environment was kept"
+    assert env["previous"], "the first run's environment was kept"
 
 
 def test_forced_oom_becomes_a_row_and_the_sweep_goes_on(tmp_path):

@@ -1,7 +1,7 @@
 """CI numerics guard: `kvtax quality` end to end on a real trained model (SmolLM2-135M).
 
 A change that silently breaks quantization, rotation or attention numerics moves these
-numbers long before any unit test on random data notices. Bounds (issue 7): int8 KV must
+numbers long before any unit test on random data notices. Bounds: int8 KV must
 stay within KL 1e-3 nats of the fp16-KV run; measured 2.7e-4 at 256 tokens (tail 64).
 int4+hk measured 0.045, bounded at 0.1 so a broken rotation (plain int4: 0.106) fails.
 The default format (kvtax.formats.DEFAULT_KV, int8+hk+ck) is held to the int8 bound too.
