@@ -29,8 +29,7 @@ def test_pdl_launch_options_when_built(monkeypatch) -> None:
     monkeypatch.setattr(pdl, "enabled", lambda kind, t, interpreting: True)
     x = torch.zeros(1)
     for kind in sorted(pdl.FAMILIES):
-        assert pdl.launch_options(kind, x, False) == {
-            "PDL": True, "PDL_LATE": False, "launch_pdl": True}
+        assert pdl.launch_options(kind, x, False) == {"PDL": True, "launch_pdl": True}
 
 
 @pytest.mark.parametrize("spec, launch, late", [("int4", True, False), ("int8", False, True),
@@ -53,7 +52,7 @@ def test_decode_attention_asks_for_its_measured_placement(spec, launch, late, mo
     cfg = (ta.warp_decode_config(q, view, lens) if spec == "bf16"
            else ta.swap_decode_config(q, view, lens))
     assert attn_launch.pdl_options("attention", q, cfg) == {"PDL": True, "PDL_LATE": late, "launch_pdl": launch}
-    assert attn_launch.pdl_options("reduce", q) == {"PDL": True, "PDL_LATE": False, "launch_pdl": True}
+    assert attn_launch.pdl_options("reduce", q) == {"PDL": True, "launch_pdl": True}
     if spec == "int4":  # a smaller grid launches normally (it would land unevenly)
         small = ta.swap_decode_config(q, view)
         assert small.num_splits < cfg.num_splits and not small.pdl_launch

@@ -47,9 +47,9 @@ def enabled(kind: str, t: torch.Tensor, interpreting: bool) -> bool:
 
 
 def launch_options(kind: str, t: torch.Tensor, interpreting: bool) -> dict:
-    """The launch keywords of a kernel whose PDL constexprs are named `PDL`, `PDL_LATE`:
-    {} when off, else PDL and launch_pdl on and PDL_LATE off (the dependents launch first
-    thing; a launcher may narrow these, as the decode attention configs do)."""
+    """The launch keywords of a kernel whose PDL constexpr is named `PDL`: {} when off,
+    else PDL and launch_pdl on (the dependents launch first thing; the decode attention
+    launcher narrows these and adds its kernels' `PDL_LATE`)."""
     if not enabled(kind, t, interpreting):
         return {}
-    return {"PDL": True, "PDL_LATE": False, "launch_pdl": True}
+    return {"PDL": True, "launch_pdl": True}

@@ -343,7 +343,7 @@ def variant(dt, k, v, d, from_ptr, ring):
     tld = {"fp16": tl.float16, "bf16": tl.bfloat16, "fp32": tl.float32}
     const = dict(HEAD_DIM=d, DT=tld[dt], POS_FROM_PTR=from_ptr, IS_RING=ring, RECIP=True,
                  BLOCK_R=8, D_P=triton.next_power_of_2(d), HALF_P=triton.next_power_of_2(d // 2),
-                 PDL=from_ptr, PDL_LATE=ring)  # programmatic dependent launch in one variant
+                 PDL=from_ptr)  # programmatic dependent launch in one variant
     for p, (fmt, gs, ptr) in (("K", k), ("V", v)):
         const.update({f"{p}_FMT": fmt, f"{p}_GS": gs, f"{p}_NG_P": triton.next_power_of_2(d // gs),
                       f"{p}_OUT": tld.get(ptr[1:], tl.uint8)})

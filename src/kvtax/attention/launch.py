@@ -264,12 +264,12 @@ def _warp_args(a: _Args) -> dict:
 
 def pdl_options(kind: str, q: torch.Tensor, cfg: LaunchConfig | None = None) -> dict:
     """Launch keywords for programmatic dependent launch (kvtax.pdl): the decode kernels'
-    and the reduce's PDL / PDL_LATE constexprs and launch_pdl; {} when off. A decode
+    PDL / PDL_LATE constexprs and the reduce's PDL, and launch_pdl; {} when off. A decode
     kernel's config narrows them (`pdl_launch`, `pdl_late`; see swap_decode_config)."""
     opts = pdl.launch_options(kind, q, interpreting())
     if opts and cfg is not None:
         opts["launch_pdl"] = opts["launch_pdl"] and cfg.pdl_launch
-        opts["PDL_LATE"] = opts["PDL_LATE"] or cfg.pdl_late
+        opts["PDL_LATE"] = cfg.pdl_late
     return opts
 
 

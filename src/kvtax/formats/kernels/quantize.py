@@ -210,19 +210,18 @@ def quantize_store_kernel(
     V_FMT: tl.constexpr, V_GS: tl.constexpr, V_OUT: tl.constexpr, V_NG_P: tl.constexpr,
     POS_FROM_PTR: tl.constexpr, IS_RING: tl.constexpr, RECIP: tl.constexpr,
     BLOCK_R: tl.constexpr, D_P: tl.constexpr, HALF_P: tl.constexpr,
-    PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Rows `[pid * BLOCK_R, +BLOCK_R)` of K (program_id(1) == 0) or V (== 1).
 
     x strides s_?x_* (elements; the last dim is contiguous), codes strides s_?c_*,
     scales/biases strides s_?m_* (batch, head, slot). k_inv / v_inv: float32(1 / levels)
     (1 / 448 for fp8) when RECIP. p_pos: int `[1]` device position when POS_FROM_PTR.
-    PDL (kvtax.pdl): let the next kernel launch (PDL_LATE: at the end), then wait for
+    PDL (kvtax.pdl): let the next kernel launch, then wait for
     the kernels before this one (they wrote k, v and the position) before any access.
     """
     if PDL:
-        if not PDL_LATE:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
         gdc_wait()
     o_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = o_r < n_rows
@@ -253,6 +252,3 @@ def quantize_store_kernel(
                     p_vb + b * s_vm_b + h * s_vm_h + slot * s_vm_t,
                     m_r, v_inv, V_FMT, V_GS, V_OUT, V_NG_P, HEAD_DIM, D_P, HALF_P, BLOCK_R,
                     DT, RECIP)
-    if PDL:
-        if PDL_LATE:
-            gdc_launch_dependents()
