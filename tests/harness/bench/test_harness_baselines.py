@@ -209,9 +209,27 @@ def test_pinned_backend_really_runs_and_refuses_what_it_cannot_serve():
 _GPU_CASES = [
     pytest.param(name, path, backend, False, id=f"{name}-{path}-{backend}")
     for name in ("tiny", "tiny-gemma3") for path in (*BASELINES, "fp16-folded")
-    for backend in (("auto", "efficient", "math") if path == "fp16" else ("auto",))
+    for backend in {"fp16": ("auto", "math"), "fp16-folded": ("auto", "efficient")}.get(
+        path, ("auto",))
 ] + [pytest.param("tiny", "fp16", "auto", True, id="tiny-fp16-auto-compiled"),
      pytest.param("tiny", "fp16-varlen", "auto", False, id="tiny-fp16-varlen")]
+
+
+@pytest.mark.gpu
+def test_a_pinned_backend_that_cannot_serve_the_call_refuses_it():
+    """Pinned to the efficient backend, the captured fp16 baseline with the query heads kept
+    (GQA by enable_gqa under a dense mask, which that backend does not serve in torch 2.11)
+    raises instead of falling back; the folded form serves it."""
+    cache = FullCache("fp16", capacity=64)
+    k = torch.randn(1, 2, 40, 64, dtype=torch.float16, device="cuda")
+    cache.append(k, k)
+    q = torch.randn(1, 8, 1, 64, dtype=torch.float16, device="cuda")
+    view = _captured(cache.view())
+    with use_sdpa_backend("efficient"):
+        folded = FNS["fp16-folded"](q, view)
+        with pytest.raises(RuntimeError):
+            ATTENTION_PATHS["fp16"](q, view)
+    assert_close(folded, ATTENTION_PATHS["fp16"](q, cache.view()), atol=2e-3, rel_rms=2e-3)
 
 
 def _gpu_fn(path: str):

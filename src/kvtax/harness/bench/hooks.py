@@ -48,9 +48,10 @@ def use_attention(model: torch.nn.Module, fn: Callable[..., object] | None) -> I
 def use_sdpa_backend(name: str = "auto") -> Iterator[None]:
     """Allow torch SDPA only `name`'s backend ("flash", "efficient", "cudnn", "math"), or
     torch's own choice ("auto"). A call that backend cannot serve raises (SDPA's "No
-    available kernel"), never falls back silently: the baselines' eager form asks for GQA
-    (`enable_gqa`), which not every backend serves; their captured form folds the group
-    into query rows, which all do. A captured CUDA graph keeps the kernel chosen while it
+    available kernel"), never falls back silently: the baselines keep the query heads and ask for
+    GQA (`enable_gqa`), which not every backend serves (the efficient one does not under
+    the captured form's dense mask); `fold_gqa=True` folds the group into query rows,
+    which all do. A captured CUDA graph keeps the kernel chosen while it
     was captured, so capture inside the block."""
     if name not in SDPA_BACKENDS:
         raise ValueError(f"unknown SDPA backend {name!r} (known: {', '.join(SDPA_BACKENDS)})")
