@@ -224,10 +224,11 @@ def test_a_pinned_backend_that_cannot_serve_the_call_refuses_it():
     k = torch.randn(1, 2, 40, 64, dtype=torch.float16, device="cuda")
     cache.append(k, k)
     q = torch.randn(1, 8, 1, 64, dtype=torch.float16, device="cuda")
-    view = _captured(cache.view())
+    lens = torch.full((1,), 40, dtype=torch.int32, device="cuda")
+    view = dataclasses.replace(cache.view(), length_t=lens)
     with use_sdpa_backend("efficient"):
         folded = FNS["fp16-folded"](q, view)
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError, match="available kernel"):
             ATTENTION_PATHS["fp16"](q, view)
     assert_close(folded, ATTENTION_PATHS["fp16"](q, cache.view()), atol=2e-3, rel_rms=2e-3)
 
