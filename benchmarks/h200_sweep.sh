@@ -19,7 +19,7 @@
 # The grid: 120 cells that run, ~7.6 s each with process start (H200, 2026-12-01: 44 cells
 # in 5 min 35 s), i.e. ~15 min: two calls. Baselines are capped where they cannot fit or take
 # too long (their cells above the cap are rows with status "skipped" and the reason):
-#   unfused (materializes [32 heads, 2048-token chunk, context] fp32 scores) and dequant (a
+#   unfused (materializes [32 heads, 2048-token chunk, context] scores in the model dtype) and dequant (a
 #   whole dequantized copy of the cache per decode step): up to 32k;
 #   fp8 baselines: none (int8 and int4 show the baselines' shape).
 # Override any of them through the environment (MODEL, CONTEXTS, KV, PATHS, REPS,

@@ -61,7 +61,7 @@ def attention_unfused(
     """mlx-lm's composition: decode K, scores = q·Kᵀ materialized, softmax, scores·V.
 
     Like mlx-lm, queries are grouped per KV head (no K/V repeat) and the scores live in
-    the model dtype with a float32 softmax (`precise=True`). Memory: the full
+    the model dtype, softmax accumulated in float32 (`precise=True`). Memory: the full
     `[B, H_q, L, slots]` score tensor plus the decoded K and V.
     """
     n_q, group = check_query(q, view)
@@ -80,7 +80,9 @@ def attention_unfused(
         mask = capacity_mask(n_q, view, causal)[:, :, None]   # [B, 1, 1, L, n]
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    # mlx-lm's precise softmax: float32 inside, the model dtype out (torch's half softmax
+    # accumulates in float32 too); no float32 copy of the scores is materialized.
+    probs = torch.softmax(scores, dim=-1)
     out = torch.matmul(probs, v.unsqueeze(2))                    # [B, Hkv, G, L, D]
     return unrotate_output(out.reshape(b, hq, n_q, d), view)
 
