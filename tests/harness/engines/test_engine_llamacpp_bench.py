@@ -79,7 +79,8 @@ def test_refused_arm_is_an_unavailable_row(sweep: Path) -> None:
     assert bad["status"] == "unavailable" and "requires it" in bad["error"]
     assert bad["ttft_s"] is None
     a = summarize(rows)
-    assert a["baseline"] == "f16/fa"
+    # the baseline is the faster of the two f16 arms (timing decides which: both are fine)
+    assert a["baseline"] in ("f16/fa", "f16/nofa")
     assert "q8_0:q4_0/nofa" not in a.get("slope_ratios", {})
 
 
