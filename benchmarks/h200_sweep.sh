@@ -16,12 +16,13 @@
 # cells are left, resume). Rows are fsynced one by one, so a call cut short keeps every
 # finished cell and the resume runs exactly the cells without a row.
 #
-# The grid: 120 cells that run, ~7.6 s each with process start (H200, 2026-12-01: 44 cells
-# in 5 min 35 s), i.e. ~15 min: two calls. Baselines are capped where they cannot fit or take
-# too long (their cells above the cap are rows with status "skipped" and the reason):
-#   unfused (materializes [32 heads, 2048-token chunk, context] scores in the model dtype) and dequant (a
-#   whole dequantized copy of the cache per decode step): up to 32k;
-#   fp8 baselines: none (int8 and int4 show the baselines' shape).
+# The grid: 11 arms x 5 contexts x 3 repetitions + 11 warm-ups; 30 of them (the fp8
+# baselines) are rows with status "skipped": mlx-lm's and transformers' quantized caches have
+# no fp8 format, so there is no stack for them to stand for. The baselines run at every
+# context (unfused materializes [32 heads, 2048-token chunk, context] scores in the model
+# dtype, ~34 GB at the last 128k chunk; dequant a whole dequantized copy of the cache per
+# decode step): both fit an H200. Cells took 2-23 s each on 2026-12-01 (12.5 s for unfused at
+# 32k); with the baselines at 64k/128k plan on ~25 min: three or four calls.
 # Override any of them through the environment (MODEL, CONTEXTS, KV, PATHS, REPS,
 # DECODE_TOKENS, MAX_CONTEXT, BUDGET_S, HARD_S, CELL_TIMEOUT, PER_CELL_S).
 set -uo pipefail
@@ -35,11 +36,11 @@ KV=${KV:-fp16,int8,int4,fp8}
 PATHS=${PATHS:-fused,fp16,unfused,dequant}
 REPS=${REPS:-3}
 DECODE_TOKENS=${DECODE_TOKENS:-32}
-MAX_CONTEXT=${MAX_CONTEXT:-unfused=32k,dequant=32k,fp8/unfused=1,fp8/dequant=1}
+MAX_CONTEXT=${MAX_CONTEXT:-fp8/unfused=0,fp8/dequant=0}
 BUDGET_S=${BUDGET_S:-470}      # start no cell likely to end later than this (seconds)
 HARD_S=${HARD_S:-510}          # kill the sweep here whatever it is doing
-CELL_TIMEOUT=${CELL_TIMEOUT:-120}
-PER_CELL_S=${PER_CELL_S:-7.6}  # for the printed plan only
+CELL_TIMEOUT=${CELL_TIMEOUT:-420}  # unfused prefill at 128k: ~1-2 min
+PER_CELL_S=${PER_CELL_S:-10}  # for the printed plan only
 CLAIMS=${CLAIMS:-benchmarks/h200_claims.json}
 EXTRA_ARGS=${EXTRA_ARGS:-}
 

@@ -155,8 +155,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "end past it (judged from the slowest finished cell of that arm and "
                         "context); finish later with --resume (also applies when resuming)")
     p.add_argument("--max-context", type=_limits, default={}, metavar="PATH=CTX,...",
-                   help="largest context a path or arm runs, e.g. unfused=64k,int4/dequant=32k; "
-                        "larger cells become rows with status skipped and the reason")
+                   help="largest context a path or arm runs, e.g. unfused=64k,int4/dequant=32k "
+                        "(0: none, the arm is left out); larger cells become rows with status "
+                        "skipped and the reason")
     p.add_argument("--skip-after-failure", action="store_true",
                    help="after an arm's OOM or timeout, write its cells at that context and "
                         "above as skipped rows instead of running them again")
@@ -177,13 +178,13 @@ def _positive_float(text: str) -> float:
 
 
 def _limits(text: str) -> dict[str, int]:
-    """"unfused=64k,int4/dequant=32k" → {"unfused": 65536, "int4/dequant": 32768}."""
+    """"unfused=64k,fp8/dequant=0" → {"unfused": 65536, "fp8/dequant": 0} (0: left out)."""
     out = {}
     for part in _csv(text):
         key, sep, ctx = part.partition("=")
         if not sep or not key.strip():
             raise argparse.ArgumentTypeError(f"--max-context wants PATH=CTX, got {part!r}")
-        out[key.strip()] = parse_contexts(ctx)[0]
+        out[key.strip()] = 0 if ctx.strip() == "0" else parse_contexts(ctx)[0]
     return out
 
 

@@ -47,6 +47,22 @@ def test_setup_plus_per_token_from_the_same_arm():
     assert clock.estimate(_cell("fp8/fused", 65536)) == 0.0
 
 
+def test_above_the_largest_context_the_cost_grows_as_fast_as_measured():
+    """The unfused arm's prefill is quadratic in context (H200, 2026-12-01: 5.4 s at 16k,
+    12.5 s at 32k): a line through them guesses 26.7 s at 64k; the power they show, more."""
+    clock = CellClock()
+    clock.add(_cell("fp16/fused", 4096), 2.0)        # the setup: the cheapest cell seen
+    clock.add(_cell("int8/unfused", 16384), 2.0 + 4.0)
+    clock.add(_cell("int8/unfused", 32768), 2.0 + 16.0)
+    assert clock.estimate(_cell("int8/unfused", 65536)) == pytest.approx(2.0 + 64.0)
+    assert clock.estimate(_cell("int8/unfused", 131072)) == pytest.approx(2.0 + 256.0)
+    # Between measured contexts it stays the line; the power is capped at 2.
+    assert clock.estimate(_cell("int8/unfused", 24576)) == pytest.approx(12.0)
+    clock.add(_cell("int4/unfused", 16384), 2.0 + 1.0)
+    clock.add(_cell("int4/unfused", 32768), 2.0 + 10.0)
+    assert clock.estimate(_cell("int4/unfused", 65536)) == pytest.approx(2.0 + 40.0)
+
+
 def test_a_cell_longer_than_the_whole_budget_is_a_skipped_row(tmp_path, monkeypatch):
     cfg = SweepConfig(level="attention", model="attn-test", heads=4, kv_heads=2, head_dim=64,
                       contexts=[16, 32], kvs=["fp16"], paths=["fused"], reps=1, warmup=0,
@@ -75,3 +91,19 @@ def test_no_arm_is_measured_before_its_warm_up(tmp_path, monkeypatch):
     int8 = sorted((r for r in read_rows(store.path) if r["kv"] == "int8"),
                   key=lambda r: r["seq"])
     assert [r["warmup"] for r in int8] == [True, False]
+
+
+def test_max_context_0_leaves_an_arm_out_with_its_reason():
+    """`--max-context fp8/unfused=0`: every cell of that arm is a skipped row saying so (the
+    H200 sweep leaves out the fp8 baselines: the stacks they stand for have no fp8 cache)."""
+    from kvtax.cli.bench import _limits
+    from kvtax.harness.bench.sweep import skip_reason
+
+    limits = _limits("fp8/unfused=0,dequant=32k")
+    assert limits == {"fp8/unfused": 0, "dequant": 32768}
+    cfg = SweepConfig(max_context=limits)
+    out = skip_reason(_cell("fp8/unfused", 4096), cfg, {})
+    assert out and "left out of this sweep" in out
+    assert skip_reason(_cell("int8/unfused", 131072), cfg, {}) is None
+    assert "above max_context 32768" in skip_reason(_cell("int8/dequant", 65536), cfg, {})
+    assert skip_reason(_cell("int8/dequant", 32768), cfg, {}) is None

@@ -10,6 +10,7 @@ order (same seed) and runs only those without a row.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -39,6 +40,8 @@ def hf_quantized_unavailable(
 def skip_reason(cell: Cell, cfg: SweepConfig, tripped: dict[str, tuple[int, str]]) -> str | None:
     """Why `cell` is written as a "skipped" row instead of run (None: run it)."""
     limit = context_limit(cfg, cell.kv, cell.path)
+    if limit == 0:
+        return f"skipped: {cell.arm} is left out of this sweep (max_context 0 in its config)"
     if limit is not None and cell.context > limit:
         return (f"skipped: context {cell.context} is above max_context {limit} for "
                 f"{cell.arm} (a budget choice in the sweep config, not a failure)")
@@ -67,7 +70,8 @@ class CellClock:
     """Wall seconds of finished cells, to guess whether the next one fits a time budget.
 
     A cell costs setup + per-token x context. Measured cells of the same arm give the line
-    (through the two nearest contexts; one context: the cheapest cell seen is the setup).
+    through the two nearest contexts (above the largest: the power law through them, since
+    prefill grows faster than linearly; one context: the cheapest cell seen is the setup).
     Warm-ups are kept apart: they also pay for compiling and starting the worker, so
     scaling one up by context refused every later cell of a sweep. Unknown: 0 (run it).
     """
@@ -96,6 +100,12 @@ class CellClock:
             (c1,) = near
             return setup + max(0.0, mine[c1] - setup) * cell.context / c1
         (c1, s1), (c2, s2) = sorted((c, mine[c]) for c in near)
+        if cell.context > c2 and s2 > s1 > setup:
+            # Above every measured context, a line under-estimates: prefill attention is
+            # quadratic in context (the unfused arm: 12.5 s at 32k, ~4x that at 64k). Scale
+            # the cost past setup by the power the two nearest contexts show, in [1, 2].
+            power = min(2.0, max(1.0, math.log((s2 - setup) / (s1 - setup)) / math.log(c2 / c1)))
+            return setup + (s2 - setup) * (cell.context / c2) ** power
         per_token = max(0.0, (s2 - s1) / (c2 - c1))
         return max(setup, s1 + per_token * (cell.context - c1))
 
