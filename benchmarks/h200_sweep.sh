@@ -21,8 +21,8 @@
 # no fp8 format, so there is no stack for them to stand for. The baselines run at every
 # context (unfused materializes [32 heads, 2048-token chunk, context] scores in the model
 # dtype, ~34 GB at the last 128k chunk; dequant a whole dequantized copy of the cache per
-# decode step): both fit an H200. Cells took 2-23 s each on 2026-12-01 (12.5 s for unfused at
-# 32k); with the baselines at 64k/128k plan on ~25 min: three or four calls.
+# decode step): both fit an H200. On 2026-12-02 the cells took 1,567 s on one H200 (767 s
+# of it the unfused arm: 77 s of prefill per 128k cell), i.e. four calls of ~9 minutes.
 # Override any of them through the environment (MODEL, CONTEXTS, KV, PATHS, REPS,
 # DECODE_TOKENS, MAX_CONTEXT, BUDGET_S, HARD_S, CELL_TIMEOUT, PER_CELL_S).
 set -uo pipefail

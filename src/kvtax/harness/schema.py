@@ -21,10 +21,21 @@ SCHEMA_VERSION = 1
 KINDS = ("bench", "recall", "quality", "roofline")
 # skipped: not run on purpose (a max_context budget, or skip_after_failure); error says why.
 STATUSES = ("ok", "oom", "error", "timeout", "unavailable", "skipped")
-# fused: kvtax attention(); fp16: unquantized fp16 cache read by torch SDPA (stock baseline);
-# unfused: mlx-lm's dequantize + materialized [H, L, ctx] scores; dequant: transformers
-# QuantizedCache's dequantize-everything-then-SDPA; hf-quantized: transformers' own cache.
 PATHS = ("fused", "fp16", "unfused", "dequant", "hf-quantized")
+# What each path of kvtax's engine stands for, as a report's reader needs it.
+PATH_MEANING = {
+    "fused": "kvtax's attention() reading the cache in its own format (Triton on CUDA)",
+    "fp16": "the stock baseline: an unquantized fp16 cache read by torch SDPA (its fastest "
+            "backend here) in the same runner",
+    "unfused": "mlx-lm's composition: scores = q·Kᵀ materialized as [heads, chunk, context] "
+               "in the model dtype, softmax, scores·V. It stands for mlx-lm's prefill "
+               "(the score transient and its cost); in decode it decodes the whole K and V "
+               "with torch ops every step, which mlx-lm's quantized_matmul does not (it reads "
+               "the packed cache), so mlx-lm's own decode is faster than this row",
+    "dequant": "transformers QuantizedCache's way: a dequantized copy of the whole cache, "
+               "per layer, every step, then SDPA",
+    "hf-quantized": "transformers' own QuantizedCache (its quanto / HQQ backend)",
+}
 # Rows of another engine (`engine` key, absent = "kvtax") carry that engine's own paths.
 PHASES = ("setup", "prefill", "decode")
 

@@ -207,3 +207,21 @@ def test_report_without_matplotlib(tmp_path, monkeypatch):
     md = write_report(run.path).read_text()
     assert "matplotlib is not installed" in md and "## Decode" in md
     assert not (run.path / "figures").exists()
+
+
+def test_failures_are_one_row_per_arm_and_reason_and_the_arms_are_explained():
+    from kvtax.harness.report.markdown import section_arms, section_failures
+
+    capped = [dict(kind="bench", arm="fp8/unfused", context=c, rep=r, status="skipped",
+                   phase=None, error=f"skipped: context {c} is above max_context 1 for fp8/unfused")
+              for c in (4096, 16384) for r in (0, 1, 2)]
+    oom = dict(kind="bench", arm="int8/fused", context=16384, rep=0, status="oom",
+               phase="prefill", error="Traceback\ntorch.OutOfMemoryError: CUDA out of memory")
+    md = "\n".join(section_failures(capped + [oom]))
+    assert _table_row(md, "bench", "## Cells") == [
+        "bench", "fp8/unfused", "4096, 16384", "6", "skipped", "-",
+        "skipped: context <ctx> is above max_context 1 for fp8/unfused"]
+    assert md.count("| bench |") == 2 and "| int8/fused | 16384 | 1 | oom | prefill |" in md
+    legend = "\n".join(section_arms(["fp16/fp16", "int8/fused", "int8/unfused"]))
+    assert "`unfused`" in legend and "quantized_matmul" in legend and "`dequant`" not in legend
+    assert section_arms(["f16/fa", "q8_0/nofa"]) == [], "another engine's paths: none of these"

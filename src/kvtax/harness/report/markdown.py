@@ -1,7 +1,7 @@
 """Markdown sections of a run report, from `report.data.gather`'s dict.
 
 Each `section_*` returns a list of lines (empty when the run has nothing for it), so the
-report reads top-down: what ran, decode and its fits, noisy cells, prefill and break-even,
+report reads top-down: what ran, the verdict, what the arms are, decode and its fits, noisy cells, prefill and break-even,
 memory per phase, cost, recall, roofline, failures, claims, environment.
 """
 
@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvtax.harness.analysis.capacity import format_size
+from kvtax.harness.schema import PATH_MEANING
 
 
 def num(x: Any, digits: int = 3) -> str:
@@ -296,17 +297,33 @@ def section_roofline(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def section_arms(arms: Sequence[str]) -> list[str]:
+    """One line per attention path among `arms` ("kv/path"): what that path stands for."""
+    paths = [p for p in PATH_MEANING if any(a.rsplit("/", 1)[-1] == p for a in arms)]
+    if not paths:
+        return []
+    out = ["## What the arms are", "",
+           "An arm is a KV format / an attention path; the paths in this run:", ""]
+    return out + [f"- `{p}`: {PATH_MEANING[p]}." for p in paths] + [""]
+
+
 def section_failures(fails: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Cells without a measurement, one table row per arm, status, phase and reason (the
+    reason's context number stands as <ctx>, so an arm capped at every context is one row)."""
     if not fails:
         return []
     out = ["## Cells that did not complete (OOM, error, timeout, unavailable, skipped)", ""]
-    rows = []
+    groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for f in fails:
         err = (f.get("error") or "").strip().splitlines()
-        rows.append([f["kind"], f["arm"], f["context"],
-                     f.get("fact_index") if f.get("kind") == "recall" else f.get("rep"),
-                     f["status"], f.get("phase") or "-", (err[-1] if err else "")[:160]])
-    return out + table(["kind", "arm", "context", "rep/fact", "status", "phase", "error"], rows)
+        why = (err[-1] if err else "")[:160].replace(f"context {f['context']} ", "context <ctx> ")
+        key = (f["kind"], f["arm"], f["status"], f.get("phase") or "-", why)
+        groups.setdefault(key, []).append(f)
+    rows = []
+    for (kind, arm, status, phase, why), fs in groups.items():
+        ctxs = sorted({int(f["context"]) for f in fs})
+        rows.append([kind, arm, ", ".join(str(c) for c in ctxs), len(fs), status, phase, why])
+    return out + table(["kind", "arm", "contexts", "cells", "status", "phase", "error"], rows)
 
 
 def section_claims(a: Mapping[str, Any]) -> list[str]:

@@ -19,6 +19,7 @@ from kvtax.harness.quality.tables import section_quality
 from kvtax.harness.report.compare import METRICS, compare_table, section_compare
 from kvtax.harness.report.data import gather
 from kvtax.harness.report.markdown import (
+    section_arms,
     section_claims,
     section_cost,
     section_decode,
@@ -82,6 +83,8 @@ def write_report(
     if data.get("verdict"):
         data["verdict"]["sentences"] = sentences(data["verdict"])
     lines += section_verdict(data.get("verdict"), figs)
+    if (data.get("config") or {}).get("engine", "kvtax") == "kvtax":
+        lines += section_arms(sorted(bench.get("decode_points", {})))
     lines += section_engine_notes(bench)
     lines += section_decode(bench, figs)
     lines += section_flagged(bench)
