@@ -15,6 +15,7 @@ and transient memory (peak allocation during one eager call).
     python benchmarks/attention.py --out runs/attention
     python benchmarks/attention.py --contexts 4096 131072 --phases decode --arms kvtax-int4 sdpa-cudnn
     python benchmarks/attention.py --dry-run        # CPU, tiny shapes, checks the script
+    python benchmarks/attention.py --introspect     # + what each kvtax decode cell ran with
 
 Writes rows.jsonl, rows.csv, config.json and summary.md under --out/<timestamp>/; prints
 the markdown summary last.
@@ -36,6 +37,7 @@ if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from introspect import record as introspect_record  # noqa: E402  (benchmarks/, as report)
 from report import markdown_summary  # noqa: E402  (benchmarks/, the script's folder)
 
 from kvtax.attention.baselines import (  # noqa: E402
@@ -95,6 +97,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kernel-times", action="store_true",
                    help="also record each kernel's mean device time (torch.profiler, eager "
                         "calls) per cell: split vs reduce, rotation, casts")
+    p.add_argument("--introspect", action="store_true",
+                   help="record beside each kvtax decode cell the Triton variants compiled so "
+                        "far, where its tensors lie (address mod 2 MiB / 64 KiB, allocator "
+                        "segment) and the clocks (benchmarks/introspect.py)")
     p.add_argument("--out", default="runs/attention", help="results go to OUT/<timestamp>/")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, no graphs")
     return p.parse_args(argv)
@@ -300,6 +306,9 @@ def run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args) 
         ms, p20, p80 = timer(fn)
         if args.kernel_times and not args.dry_run:
             row["kernel_us"] = kernel_times(fn)
+        if args.introspect and phase == "decode" and arm.startswith("kvtax-"):
+            fmt = KVTAX[arm.split("@")[0]]
+            row["introspect"] = introspect_record(caches[fmt].view(), q, {"lengths": lengths})
         moved = nbytes + 2 * q.numel() * q.element_size()
         row.update(median_ms=ms, p20_ms=p20, p80_ms=p80, bytes=moved, flops=flops(hq, d, n_q, ctx),
                    transient_mib=mem / 2**20)

@@ -1,5 +1,5 @@
-"""benchmarks/h200_sweep.sh --plan: the sweep of record's grid, counted before it runs, fits
-two calls of the default budget; bad arguments exit 2."""
+"""benchmarks/h200_sweep.sh --plan: the sweep of record's grid, counted before it runs, in
+calls of the default budget; bad arguments exit 2."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ def test_plan_counts_the_grid_of_record():
     m = re.search(r"planned: (\d+) cells to do \((\d+) to run, (\d+) skipped", res.stdout)
     assert m, res.stdout
     total, run, skipped = map(int, m.groups())
-    # 11 arms x (5 contexts x 3 reps + 1 warm-up); fp8 baselines and capped contexts skipped.
+    # 11 arms x (5 contexts x 3 reps + 1 warm-up); only fp8's two baselines are left out.
     assert total == 11 * 16 and run + skipped == total
-    assert run == 5 * 16 + 4 * (3 * 3 + 1)
-    assert "fp16/fp16" in res.stdout and "2 call(s) of 470 s" in res.stdout
+    assert run == 9 * 16 and skipped == 2 * 16
+    assert "fp16/fp16" in res.stdout and "4 call(s) of 470 s" in res.stdout
 
 
 def test_bad_argument_exits_2():

@@ -337,6 +337,8 @@ class LlamaCppEngine(Engine):
             "model_desc": self._model.desc() if self._model is not None else None,
             "system_info": llama_cpp.llama_print_system_info().decode().strip(),
             "llama_warnings": self.log.warnings[-5:],
+            # llama.cpp rotates Q/K/V (Hadamard) before a quantized cache unless this is 1.
+            "attn_rot_disable": os.environ.get("LLAMA_ATTN_ROT_DISABLE"),
         }
         if kv and (kv["type_k"], kv["type_v"]) != (self.type_k, self.type_v):
             out["arm_as_requested"] = False
