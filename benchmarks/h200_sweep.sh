@@ -119,6 +119,7 @@ else
     | tee -a "$OUTDIR/sweep.log"
   rc=${PIPESTATUS[0]}
   RUN=$(ls -dt "$OUTDIR"/*-h200-sweep 2>/dev/null | head -1)
+  [[ -n $RUN && -f $OUTDIR/gpu.txt ]] && cp "$OUTDIR/gpu.txt" "$RUN/gpu.txt"  # travels with it
 fi
 say "sweep process ended (rc $rc)"
 [[ -n ${RUN:-} && -f $RUN/config.json ]] || { say "no run folder was written"; exit 1; }
