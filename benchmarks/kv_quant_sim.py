@@ -26,6 +26,7 @@ from kvtax.formats import rotate
 
 CENTER_TOKENS = 256   # the mean key is taken over the first prefill chunk, as kvtax's +ck
 META_BYTES = 4        # fp16 scale + fp16 zero per quantization group
+META_DTYPE = torch.float16  # what scales/zeros are rounded to (float32: kvtax's fp32-model cache)
 
 ALIASES = {
     "int4": "k4g64/v4g64",
@@ -97,8 +98,8 @@ def parse_scheme(name: str) -> Scheme:
 def affine(x: torch.Tensor, bits: int, dim: int, size: int) -> torch.Tensor:
     """Quantize → dequantize `x` in groups of `size` consecutive elements along `dim`
     (which must divide into whole groups): `x ≈ scale * q + zero`, q in [0, 2^bits),
-    scale = (max - min) / (2^bits - 1), zero = min, both rounded to fp16 before encoding
-    (what a cache stores). Returns float32, the shape of x."""
+    scale = (max - min) / (2^bits - 1), zero = min, both rounded to META_DTYPE before
+    encoding (what a cache stores). Returns float32, the shape of x."""
     x = x.float().movedim(dim, -1)
     shape = x.shape
     if shape[-1] % size:
@@ -106,9 +107,9 @@ def affine(x: torch.Tensor, bits: int, dim: int, size: int) -> torch.Tensor:
     g = x.reshape(*shape[:-1], shape[-1] // size, size)
     lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
     levels = 2 ** bits - 1
-    scale = ((hi - lo) / levels).half().float()
+    scale = ((hi - lo) / levels).to(META_DTYPE).float()
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    zero = lo.half().float()
+    zero = lo.to(META_DTYPE).float()
     q = ((g - zero) / scale).round().clamp(0, levels)
     return (q * scale + zero).reshape(shape).movedim(-1, dim)
 

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kv_quant_sim  # noqa: E402
 from kv_quant_sim import SchemeError, bytes_ratio, fake_quant, parse_scheme  # noqa: E402
 
 from kvtax.harness.quality.metrics import kl_divergence, log_probs, nll, top1_agree  # noqa: E402
@@ -229,6 +230,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         f"default {DEFAULT_SCHEMES}")
     p.add_argument("--tail", type=int, default=128, help="scored last positions (default 128)")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    p.add_argument("--meta-dtype", choices=("float16", "float32"), default="float16",
+                   help="dtype scales/zeros are stored in (default float16; bytes assume fp16)")
     p.add_argument("--out", default=None, help="folder for rows.jsonl, table.md, command.txt")
     return p.parse_args(argv)
 
@@ -246,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
+    kv_quant_sim.META_DTYPE = getattr(torch, args.meta_dtype)
     from kvtax.harness.quality.probe import text_ids, text_of
 
     net, tok = load(args.model, torch.float32)
@@ -266,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         base = {"logp": base_logp, "ppl": base_row["ppl"]}
         for s in [None, *schemes]:
             row = base_row if s is None else run_row(net, ids, s, args.tail, base, head_dim)[0]
-            row["model"] = args.model
+            row.update(model=args.model, meta_dtype=args.meta_dtype)
             rows.append(row)
             print(_line(row), flush=True)
             if out:
