@@ -47,7 +47,7 @@ def _slots(view: CacheView) -> int:
 
 def _dequantized(part: QTensor, fmt, n: int, dtype: torch.dtype) -> torch.Tensor:
     """The first n slots of one K or V storage, decoded to `dtype` (a fresh tensor)."""
-    return fmt.dequantize(part.slice_tokens(0, n), dtype)
+    return fmt.read(part, 0, n, dtype)
 
 
 def attention_unfused(

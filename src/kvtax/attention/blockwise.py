@@ -111,8 +111,8 @@ def online_step(
     broadcastable to the scores `[B, Hkv, G, L, T]`; state m, denom `[B, Hkv, G, L]`
     (running max, sum of exp) and acc `[B, Hkv, G, L, D]`. Only this tile is dequantized.
     """
-    kt = view.spec.key.dequantize(view.k.slice_tokens(start, end))  # [B, Hkv, T, D]
-    vt = view.spec.value.dequantize(view.v.slice_tokens(start, end))
+    kt = view.spec.key.read(view.k, start, end)  # [B, Hkv, T, D]
+    vt = view.spec.value.read(view.v, start, end)
     s = softcap_scores(torch.einsum("bhgld,bhtd->bhglt", qg, kt), softcap)
     s = s.masked_fill(~mask, -math.inf)
     m_new = torch.maximum(m, s.amax(-1))

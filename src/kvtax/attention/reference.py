@@ -36,8 +36,8 @@ def attention_naive(
     scale = 1.0 / math.sqrt(view.head_dim) if scale is None else scale
     qg = grouped_query(q, view, scale)
     order = view.logical_order()
-    k = view.spec.key.dequantize(view.k.index_tokens(order))
-    v = view.spec.value.dequantize(view.v.index_tokens(order))
+    k = view.spec.key.read_index(view.k, order)
+    v = view.spec.value.read_index(view.v, order)
     k_pos = view.slot_positions()[order]
     q_pos = torch.arange(view.length - n_q, view.length, device=q.device)
     mask = visible(q_pos, k_pos, causal=causal, window=view.window, sinks=view.sinks)

@@ -1,5 +1,5 @@
 """KV storage formats: fp16/bf16/fp32, int8/int4 (affine, group-wise), fp8 (e4m3: scale per
-token `fp8`, per tensor `fp8-pt`).
+token `fp8`, per tensor `fp8-pt`), int4-c64 keys (per channel over 64-token blocks).
 
     >>> from kvtax.formats import KVSpec, parse_format
     >>> fmt = parse_format("int4")
@@ -10,6 +10,7 @@ token `fp8`, per tensor `fp8-pt`).
 
 from kvtax.formats.affine import GROUP_SIZES, AffineFormat
 from kvtax.formats.base import KVFormat, QTensor, check_input
+from kvtax.formats.channel import ChannelBlockFormat
 from kvtax.formats.floats import FloatFormat
 from kvtax.formats.fp8 import FP8Format, FP8TensorFormat
 from kvtax.formats.rotation import hadamard, rotate
@@ -27,6 +28,7 @@ __all__ = [
     "default_kv",
     "fit_head_dim",
     "AffineFormat",
+    "ChannelBlockFormat",
     "FORMAT_NAMES",
     "FP8Format",
     "FP8TensorFormat",

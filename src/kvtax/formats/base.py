@@ -90,6 +90,18 @@ class KVFormat(ABC):
     def dequantize(self, q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Decode a `QTensor` back to `[..., head_dim]` in `dtype`."""
 
+    def read(self, q: QTensor, start: int, end: int,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Stored tokens `[start, end)` (dim -2) decoded: `[..., end - start, head_dim]`.
+        Readers go through this (not `dequantize(q.slice_tokens(...))`) so a format whose
+        metadata spans several token rows (kvtax.formats.channel) can read its blocks."""
+        return self.dequantize(q.slice_tokens(start, end), dtype)
+
+    def read_index(self, q: QTensor, index: torch.Tensor,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Stored tokens at `index` (1-D, along dim -2) decoded: `[..., len(index), D]`."""
+        return self.dequantize(q.index_tokens(index), dtype)
+
     def check(self, head_dim: int) -> None:
         """Raise FormatError when this format cannot store rows of `head_dim`."""
         if head_dim <= 0:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvtax.errors import FormatError
-from kvtax.formats.spec import KVSpec, fit_head_dim
+from kvtax.formats.spec import KVSpec, expand_short, fit_head_dim
 
 _SUFFIX_RE = re.compile(r"^(?:s(?P<s>\d+))?(?:r(?P<r>\d+))?$")
 
@@ -78,7 +78,7 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
     """A KVSpec for a plain name, a HybridSpec for `<spec>@s<S>r<R>`; FormatError otherwise."""
     if isinstance(text, (KVSpec, HybridSpec)):
         return text
-    raw = str(text).strip().lower().replace(" ", "")
+    raw = expand_short(str(text).strip().lower().replace(" ", ""))
     base, at, suffix = raw.partition("@")
     if not at:
         return KVSpec.parse(raw)
@@ -98,7 +98,7 @@ def fit_kv_name(text: str, head_dim: int) -> str:
     takes a group size dividing head_dim (`fit_head_dim`), the '@' suffix kept
     ("int8+hk@s4r128" at 96 → "int8-g32+hk@s4r128"). A name that fits already, or that is
     no format (an engine's own name such as "native"), is left as written."""
-    base, at, suffix = str(text).partition("@")
+    base, at, suffix = expand_short(str(text)).partition("@")
     try:
         fitted, given = fit_head_dim(base, head_dim), KVSpec.parse(base)
     except FormatError:  # not a format here: the caller's parse reports it

@@ -3,7 +3,8 @@
 Grammar (case-insensitive):
   format := fp16 | bf16 | fp32 | fp8 | fp8-pt | int8 | int4, optionally `-g<group>` for int
             formats (aliases: 16 → fp16, 8 → int8, 4 → int4, fp8_e4m3 → fp8); fp8 has a
-            scale per token and head, fp8-pt one per tensor (1.0: vLLM's default fp8)
+            scale per token and head, fp8-pt one per tensor (1.0: vLLM's default fp8);
+            int4-c64: per channel over 64-token blocks (keys; kvtax.formats.channel)
   spec   := pair [+hk | +hkv] [+ck]       +hk: Hadamard-rotate keys before quantizing;
                                           +hkv: keys and values (kvtax.formats.rotation);
                                           +ck: center keys (subtract one per-channel mean
@@ -25,6 +26,7 @@ import torch
 from kvtax.errors import FormatError
 from kvtax.formats.affine import GROUP_SIZES, AffineFormat
 from kvtax.formats.base import KVFormat
+from kvtax.formats.channel import BLOCK, ChannelBlockFormat
 from kvtax.formats.floats import FloatFormat
 from kvtax.formats.fp8 import FP8Format, FP8TensorFormat
 
@@ -38,6 +40,16 @@ ROTATIONS = ("", "k", "kv")
 # GEMM per decode call (H200 at 128k: 0.099 vs 0.092 ms per layer) and one subtraction
 # per cache write (32k whole model: 6.09 vs 6.08 ms/token, docs/BENCHMARKS.md).
 DEFAULT_KV = "int8+hk+ck"
+
+# Short names a user can type for the recommended specs. q4: keys per channel over 64-token
+# blocks, values per token in groups of 32, 4 fp16 sink and 128 fp16 recent tokens (0.30 of
+# fp16's bytes at 32k; the scheme screen and tables in docs/QUALITY.md say why).
+SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4-c64v4-g32@s4r128"}
+
+
+def expand_short(text: str) -> str:
+    """The full spec a short name stands for ("q4" → "k4-c64v4-g32@s4r128"), else text."""
+    return SHORT_NAMES.get(str(text).strip().lower(), text)
 
 
 def centering_conflict(spec: "KVSpec", softcap: float | None) -> str | None:
@@ -89,7 +101,7 @@ def _fit_group(fmt: KVFormat, head_dim: int) -> KVFormat:
 
 FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "fp8-pt", "int8", "int4")
 _ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "fp8_e4m3": "fp8", "e4m3": "fp8"}
-_FORMAT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:-g(?P<group>\d+))?$")
+_FORMAT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:-(?P<kind>[gc])(?P<group>\d+))?$")
 _PAIR_RE = re.compile(r"^k(?P<k>[a-z0-9_\-]+?)v(?P<v>[a-z0-9_\-]+)$")
 
 
@@ -109,6 +121,10 @@ def parse_format(name: str | KVFormat) -> KVFormat:
         )
     assert m is not None
     group = m["group"]
+    if m["kind"] == "c":
+        if base != "int4" or int(group) != BLOCK:
+            raise FormatError(f"per-channel block formats are int4-c{BLOCK} only, got {name!r}")
+        return ChannelBlockFormat()
     if base in ("int8", "int4"):
         return AffineFormat(int(base[3:]), int(group) if group else 64)
     if group:
@@ -155,7 +171,7 @@ class KVSpec:
             return spec
         if isinstance(spec, KVFormat):
             return cls(spec, spec)
-        text = str(spec).strip().lower().replace(" ", "")
+        text = expand_short(str(spec).strip().lower().replace(" ", ""))
         if "@" in text:
             raise FormatError(
                 f"spec {spec!r} is a hybrid spec (fp16 sinks/recent around a quantized "

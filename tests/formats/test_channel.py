@@ -1,0 +1,63 @@
+"""int4-c64: per-channel scales over 64-token blocks, read back by any token range."""
+
+import pytest
+import torch
+
+from kvtax.errors import FormatError
+from kvtax.formats import ChannelBlockFormat, KVSpec, parse_format
+from kvtax.formats.hybrid import parse_kv
+
+
+def _oracle(x: torch.Tensor) -> torch.Tensor:
+    """Per (block of 64 tokens, channel) min/max affine 4-bit, written the obvious way."""
+    out = torch.empty_like(x, dtype=torch.float32)
+    for b0 in range(0, x.shape[-2], 64):
+        blk = x[..., b0:b0 + 64, :].float()
+        lo, hi = blk.amin(-2, keepdim=True), blk.amax(-2, keepdim=True)
+        scale = ((hi - lo) / 15).to(x.dtype).float()
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        lo = lo.to(x.dtype).float()
+        out[..., b0:b0 + 64, :] = ((blk - lo) / scale).round().clamp(0, 15) * scale + lo
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_matches_oracle_and_layout(dtype, d):
+    torch.manual_seed(d)
+    x = (torch.randn(2, 3, 192, d) * torch.linspace(0.1, 5, d)).to(dtype)
+    fmt = ChannelBlockFormat()
+    q = fmt.quantize(x)
+    assert q.codes.shape == (2, 3, 192, d // 2) and q.scales.shape == (2, 3, 192, d // 64)
+    torch.testing.assert_close(fmt.dequantize(q), _oracle(x), rtol=0, atol=0)
+    # the layout kernels rely on: flat offset (t // 64) * D + d of a head's scales
+    lo = x[1, 2, 64:128, 7].float().min().to(dtype)
+    assert q.biases[1, 2].flatten()[1 * d + 7] == lo
+    # split-halves codes: byte j holds dim j low, dim j + D/2 high
+    assert fmt.bytes_per_token(d, dtype) == d // 2 + 2 * (d // 64) * x.element_size()
+
+
+def test_read_any_range_and_index():
+    x = torch.randn(1, 2, 256, 128)
+    fmt = ChannelBlockFormat()
+    q = fmt.quantize(x)
+    full = fmt.dequantize(q)
+    for a, b in [(0, 1), (10, 100), (63, 65), (64, 128), (200, 256)]:
+        torch.testing.assert_close(fmt.read(q, a, b), full[..., a:b, :], rtol=0, atol=0)
+    idx = torch.tensor([255, 3, 64, 130])
+    torch.testing.assert_close(fmt.read_index(q, idx), full[..., idx, :], rtol=0, atol=0)
+
+
+def test_names_and_errors():
+    spec = KVSpec.parse("k4-c64v4-g32")
+    assert spec.key == ChannelBlockFormat() and spec.value == parse_format("int4-g32")
+    assert KVSpec.parse(spec.name) == spec
+    assert spec.bytes_per_token(128) == 72 + 80  # keys 0.5625, values 0.625 B/element
+    assert parse_kv("q4").name == "k4-c64v4-g32@s4r128"
+    assert parse_kv("q8") == KVSpec.parse("int8+hk+ck")
+    with pytest.raises(FormatError, match="int4-c64 only"):
+        parse_format("int8-c64")
+    with pytest.raises(FormatError, match="not a multiple of 64"):
+        ChannelBlockFormat().check(96)
+    with pytest.raises(FormatError, match="whole blocks"):
+        ChannelBlockFormat().quantize(torch.randn(1, 1, 10, 64))
