@@ -46,7 +46,7 @@ from kvtax.attention.baselines import (  # noqa: E402
 from kvtax.attention.checks import rotate_query, unrotate_output  # noqa: E402
 from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
 from kvtax.cache import FullCache  # noqa: E402
-from kvtax.harness.bench.gpu_timer import Timer  # noqa: E402
+from kvtax.harness.bench.gpu_timer import WARMUP_MS, Timer  # noqa: E402
 from kvtax.harness.bench.gpu_timer import git_commit as _git_commit  # noqa: E402
 
 KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8",
@@ -78,6 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--phases", nargs="+", default=["decode", "prefill"], choices=["decode", "prefill"])
     p.add_argument("--arms", nargs="+", default=ALL_ARMS, choices=ALL_ARMS)
     p.add_argument("--reps", type=int, default=25, help="timed graph replays per cell (>= 20)")
+    p.add_argument("--warmup-ms", type=float, default=WARMUP_MS,
+                   help=f"graph replays for this long before each cell's timed ones (default "
+                        f"{WARMUP_MS:g}; 0: none, as before 2026-12-02)")
     p.add_argument("--q-heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -234,7 +237,7 @@ def main(argv=None) -> None:
         device=torch.cuda.get_device_name(0) if not dry else "cpu (dry run)",
         torch=torch.__version__, triton=triton.__version__, git=_git_commit(), args=vars(args),
     )
-    timer = Timer(args.reps, dry, args.flush)
+    timer = Timer(args.reps, dry, args.flush, warmup_ms=args.warmup_ms)
     t0 = time.time()
     ceiling, ceiling_rows = (float("nan"), []) if dry else _ceiling(timer)
     config["read_ceiling_tbps"], config["read_ceiling_kernels"] = ceiling, ceiling_rows

@@ -55,6 +55,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--history-arms", nargs="+", default=HISTORY,
                    help="attention.py prefill arms run in between, or 'none' (the control)")
     p.add_argument("--reps", type=int, default=25, help="timed graph replays per cell")
+    p.add_argument("--after-order", nargs="+", default=None,
+                   help="order of the formats timed after the history (default: --formats)")
+    p.add_argument("--repeat", type=int, default=0,
+                   help="right after the history, time the first format this many times back "
+                        "to back ('settle' rows carry seconds since the history ended): does "
+                        "a slow cell speed up with time or with replays?")
+    p.add_argument("--trace", type=int, default=0,
+                   help="right after the history (and --pause), time this many replays of the "
+                        "first format with no warm-up and keep every sample ('trace' row): how "
+                        "long the slow state lasts")
+    p.add_argument("--warmup-ms", type=float, default=None,
+                   help="the timer's warm-up by time (default: the harness timer's)")
+    p.add_argument("--pause", type=float, default=0.0,
+                   help="seconds to sleep after the history before timing anything")
     p.add_argument("--out", default="runs/decode-history")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, no graphs")
     return p.parse_args(argv)
@@ -67,17 +81,35 @@ def build(fmt: str, kv: list[torch.Tensor], ctx: int) -> FullCache:
     return cache
 
 
-def time_decode(stage, caches, q, lengths, timer, log) -> None:
-    """One row per format: kvtax decode over caches[fmt] with its introspection record."""
+def time_decode(stage, caches, q, lengths, timer, log, since=None) -> None:
+    """One row per format: kvtax decode over caches[fmt] with its introspection record
+    (`since`: a time.monotonic() stamp; rows then carry the seconds elapsed from it)."""
     for fmt, cache in caches.items():
         view = cache.view()
         fn = grid.kvtax_arm(q, view, lengths)
+        t0 = time.monotonic()
         ms, p20, p80 = timer(fn)
+        extra = {} if since is None else {"t_s": round(t0 - since, 4)}
         row = dict(stage=stage, format=fmt, ctx=view.length, median_ms=ms, p20_ms=p20,
-                   p80_ms=p80, **record(view, q, {"lengths": lengths}))
+                   p80_ms=p80, **extra, **record(view, q, {"lengths": lengths}))
         log(row)
         print(f"{stage:11s} {fmt:5s} {ms:8.4f} ms  (p20 {p20:.4f}, p80 {p80:.4f})  "
               f"clocks {row['clocks']}", flush=True)
+
+
+def trace(fmt, cache, q, lengths, args, log, since) -> None:
+    """Every sample of `args.trace` replays with no warm-up, and the wall time they took."""
+    view = cache.view()
+    t0 = time.monotonic()
+    ts = Timer(args.reps, args.dry_run, warmup_ms=0).samples(
+        grid.kvtax_arm(q, view, lengths), args.trace)
+    wall = time.monotonic() - t0
+    log(dict(stage="trace", format=fmt, ctx=view.length, t_s=round(t0 - since, 4),
+             wall_s=round(wall, 4), samples_ms=[round(t, 5) for t in ts]))
+    k = max(1, len(ts) // 10)
+    print(f"trace       {fmt:5s} {len(ts)} replays in {wall * 1e3:.0f} ms; medians per tenth: "
+          + " ".join(f"{sorted(ts[i:i + k])[len(ts[i:i + k]) // 2]:.4f}"
+                     for i in range(0, len(ts), k)), flush=True)
 
 
 def history(args, timer, log) -> None:
@@ -98,6 +130,8 @@ def history(args, timer, log) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.after_order and sorted(args.after_order) != sorted(args.formats):
+        sys.exit("decode_history.py: --after-order must list exactly the --formats")
     dev = "cpu" if args.dry_run else "cuda"
     if args.dry_run:
         args.context, args.history_contexts, args.reps = 96, [64, 96], 3
@@ -116,7 +150,8 @@ def main(argv=None) -> None:
         rows_file.write(json.dumps(row, default=str) + "\n")
         rows_file.flush()
 
-    timer = Timer(args.reps, args.dry_run)
+    timer = Timer(args.reps, args.dry_run) if args.warmup_ms is None else \
+        Timer(args.reps, args.dry_run, warmup_ms=args.warmup_ms)
     gen = torch.Generator(device=dev).manual_seed(0)
     kv = [torch.randn(b, hkv, args.context, d, generator=gen, device=dev, dtype=torch.float16)
           for _ in range(2)]
@@ -125,7 +160,18 @@ def main(argv=None) -> None:
     fresh = {fmt: build(fmt, kv, args.context) for fmt in args.formats}
     time_decode("fresh", fresh, q, lengths, timer, log)
     history(args, timer, log)
-    time_decode("same", fresh, q, lengths, timer, log)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    ended = time.monotonic()
+    if args.pause:
+        time.sleep(args.pause)
+    order = args.after_order or args.formats
+    first = {order[0]: fresh[order[0]]}
+    if args.trace:
+        trace(order[0], fresh[order[0]], q, lengths, args, log, ended)
+    for _ in range(args.repeat):
+        time_decode("settle", first, q, lengths, timer, log, since=ended)
+    time_decode("same", {f: fresh[f] for f in order}, q, lengths, timer, log, since=ended)
     time_decode("realloc", {f: build(f, kv, args.context) for f in args.formats}, q, lengths,
                 timer, log)
     if dev == "cuda":

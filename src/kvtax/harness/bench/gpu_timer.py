@@ -1,9 +1,16 @@
 """Timing shared by the GPU benchmarks: CUDA-graph replays with L2 flushed before each.
 
 Every arm of a benchmark is timed the same way: the call is captured in
-a CUDA graph after two warm-up calls on a side stream, then replayed `reps` times, each
-replay after a 256 MiB write (or read) that evicts L2, timed with CUDA events; median and
-p20 / p80 in ms. `dry` (CPU, interpreter): wall-clock of `dry_calls` eager calls.
+a CUDA graph after two warm-up calls on a side stream, replayed (L2 evicted before each) for
+at least `warmup_ms` of wall time, then replayed `reps` times, each replay after a 256 MiB
+write (or read) that evicts L2, timed with CUDA events; median and p20 / p80 in ms. `dry`
+(CPU, interpreter): wall-clock of `dry_calls` eager calls.
+
+Why a warm-up by time (triton's do_bench warms up 25 ms for the same reason): on an H200
+the first decode cell timed right after ~4 s of heavy prefill cells ran 10-11% slow,
+whichever kernel it was (fp16 0.1545 vs 0.1388 ms, int8 0.0900 vs 0.0815 at 128k), while a
+second cell 30 ms later, or the same cell after a 5 s pause, ran at full speed
+(benchmarks/decode_history.py, docs/BENCHMARKS.md "Decode speed and what ran before it").
 """
 
 from __future__ import annotations
@@ -15,11 +22,16 @@ import time
 import torch
 
 
+WARMUP_MS = 100.0  # replays before timing; the transient above lasted < 30 ms
+
+
 class Timer:
     """Median / p20 / p80 ms of a CUDA-graph replay of `fn`, L2 flushed before each."""
 
-    def __init__(self, reps: int, dry: bool, flush: str = "write", dry_calls: int = 3) -> None:
+    def __init__(self, reps: int, dry: bool, flush: str = "write", dry_calls: int = 3,
+                 warmup_ms: float = WARMUP_MS) -> None:
         self.reps, self.dry, self.mode, self.dry_calls = reps, dry, flush, dry_calls
+        self.warmup_ms = warmup_ms
         self.flush = None if dry else torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     def evict(self) -> None:
@@ -31,6 +43,11 @@ class Timer:
             torch.amax(self.flush.view(torch.int32))
 
     def __call__(self, fn) -> tuple[float, float, float]:
+        return stats(self.samples(fn))
+
+    def samples(self, fn, reps: int | None = None) -> list[float]:
+        """ms of each of `reps` (default self.reps) timed replays of `fn`, in order."""
+        reps = self.reps if reps is None else reps
         if self.dry:  # the interpreter: a few wall-clock calls, the number meaningless
             if self.dry_calls > 1:
                 fn()
@@ -39,7 +56,7 @@ class Timer:
                 t0 = time.perf_counter()
                 fn()
                 ts.append((time.perf_counter() - t0) * 1e3)
-            return stats(ts)
+            return ts
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm up (compile, workspaces) off the capture
@@ -50,8 +67,9 @@ class Timer:
         with torch.cuda.graph(graph):
             fn()
         graph.replay()
+        self._warm(graph)
         events = []
-        for _ in range(self.reps):
+        for _ in range(reps):
             self.evict()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -61,7 +79,19 @@ class Timer:
         torch.cuda.synchronize()
         ts = [s.elapsed_time(e) for s, e in events]
         del graph
-        return stats(ts)
+        return ts
+
+    def _warm(self, graph) -> None:
+        """Replay `graph` (evicting L2 before each) until warmup_ms of wall time passed."""
+        if self.warmup_ms <= 0:
+            return
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        while (time.perf_counter() - t0) * 1e3 < self.warmup_ms:
+            for _ in range(8):
+                self.evict()
+                graph.replay()
+            torch.cuda.synchronize()
 
 
 def stats(ts: list[float]) -> tuple[float, float, float]:
