@@ -156,7 +156,7 @@ def test_bytes_trim_reset_and_layers() -> None:
 def test_parse_errors() -> None:
     assert parse_kv("int4+HK@S4R128").name == "int4+hk@s4r128"
     assert parse_kv("int8").name == "int8"
-    for bad in ("int4@", "int4@q5", "fp16@s4", "int3@s4"):
+    for bad in ("int4@", "int4@q5", "fp16@s4", "int2@s4"):
         with pytest.raises(FormatError):
             parse_kv(bad)
     with pytest.raises(ValueError):

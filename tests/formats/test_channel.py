@@ -55,9 +55,51 @@ def test_names_and_errors():
     assert spec.bytes_per_token(128) == 72 + 80  # keys 0.5625, values 0.625 B/element
     assert parse_kv("q4").name == "k4-c64v4-g32@s4r128"
     assert parse_kv("q8") == KVSpec.parse("int8+hk+ck")
-    with pytest.raises(FormatError, match="int4-c64 only"):
+    with pytest.raises(FormatError, match="int4-c64 and int3-c64"):
         parse_format("int8-c64")
     with pytest.raises(FormatError, match="not a multiple of 64"):
         ChannelBlockFormat().check(96)
     with pytest.raises(FormatError, match="whole blocks"):
         ChannelBlockFormat().quantize(torch.randn(1, 1, 10, 64))
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_three_bit_planes_round_trip_and_bytes(d):
+    from kvtax.formats.packing import pack, unpack
+
+    codes = torch.randint(0, 8, (2, 5, d), dtype=torch.uint8)
+    packed = pack(codes, 3)
+    assert packed.shape[-1] == 3 * d // 8
+    assert torch.equal(unpack(packed, 3, d), codes)
+    # plane layout: byte j of the low plane holds dim j + D/4 in bits 2-3
+    j = 3
+    assert (packed[0, 0, j] >> 2) & 3 == codes[0, 0, j + d // 4] & 3
+    assert (packed[0, 0, d // 4 + j] >> 5) & 1 == codes[0, 0, j + 5 * d // 8] >> 2
+
+
+def test_three_bit_formats_match_oracles():
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 128, 64)
+    c3 = parse_format("int3-c64")
+    q = c3.quantize(x)
+    blk = x[..., :64, :]
+    lo, hi = blk.amin(-2, keepdim=True), blk.amax(-2, keepdim=True)
+    want = ((blk - lo) / ((hi - lo) / 7)).round().clamp(0, 7) * ((hi - lo) / 7) + lo
+    torch.testing.assert_close(c3.dequantize(q)[..., :64, :], want, rtol=1e-6, atol=1e-6)
+    g3 = parse_format("int3-g32")
+    lo, hi = x.unflatten(-1, (2, 32)).amin(-1), x.unflatten(-1, (2, 32)).amax(-1)
+    assert g3.bytes_per_token(64) == 24 + 2 * 2 * 2  # codes 3/8 B per dim, fp16 metadata
+    err3 = (g3.dequantize(g3.quantize(x)) - x).abs().mean()
+    err4 = (parse_format("int4-g32").dequantize(parse_format("int4-g32").quantize(x)) - x).abs().mean()
+    assert err4 < err3 < 2.5 * err4
+    assert parse_kv("q3").name == "k3-c64v3-g32@s4r128"
+    assert parse_kv("q3").bytes_for(32768, 128) / (32768 * 4 * 128) <= 0.25
+
+
+def test_no_kernel_claims_three_bit():
+    from kvtax.attention.support import format_code
+    from kvtax.formats.store_triton import _format_code
+
+    for name in ("int3", "int3-g32"):
+        assert format_code(parse_format(name)) is None
+        assert _format_code(parse_format(name)) is None

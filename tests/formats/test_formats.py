@@ -148,7 +148,7 @@ def test_spec_of_and_bytes() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["int3", "fp4", "", "int4-g48", "fp16-g64", "key=int8", "k8", "int8-g512"]
+    "text", ["int2", "fp4", "", "int4-g48", "fp16-g64", "key=int8", "k8", "int8-g512"]
 )
 def test_bad_format_names(text: str) -> None:
     with pytest.raises(FormatError):

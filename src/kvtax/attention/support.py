@@ -29,6 +29,8 @@ def format_code(fmt: KVFormat) -> tuple[int, int] | None:
     if isinstance(fmt, FloatFormat):
         return 0, 0
     if isinstance(fmt, AffineFormat):
+        if fmt.n_bits == 3:  # no kernel reads 3-bit planes yet: the torch reference does
+            return None
         return (1 if fmt.n_bits == 8 else 2), fmt.group_size
     if isinstance(fmt, FP8Format):
         return 3, 0

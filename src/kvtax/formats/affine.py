@@ -1,4 +1,4 @@
-"""Affine group-wise integer formats (int8, int4) with MLX's semantics.
+"""Affine group-wise integer formats (int8, int4, int3) with MLX's semantics.
 
 Each group of `group_size` consecutive head_dim elements of one token stores
 `x ≈ scale * q + bias`, `q ∈ [0, 2^bits)`, `scale = (max - min) / (2^bits - 1)`,
@@ -7,7 +7,9 @@ errors compare with the seeds' mlx-lm measurements.
 
 int4 packs two codes per byte in *split halves*: byte `j` holds dim `j` in its low
 nibble and dim `j + head_dim/2` in its high nibble. A kernel then unpacks a tile with
-one mask and one shift into two contiguous half-rows, with no interleave shuffle.
+one mask and one shift into two contiguous half-rows, with no interleave shuffle. int3
+packs a 2-bit and a 1-bit plane the same way (kvtax.formats.packing); the fused kernels
+do not read it yet (attention runs the torch reference for it).
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import torch
 
 from kvtax.errors import FormatError
 from kvtax.formats.base import KVFormat, QTensor
+from kvtax.formats.packing import pack, packed_width, unpack
 
 GROUP_SIZES = (16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
 class AffineFormat(KVFormat):
-    """int8 / int4 affine quantization, group-wise along head_dim, per token.
+    """int8 / int4 / int3 affine quantization, group-wise along head_dim, per token.
 
     Example: `AffineFormat(4, 64).quantize(k)` with `k` `[B, H, T, 128]` gives codes
     `[B, H, T, 64]` uint8 and scales/biases `[B, H, T, 2]` in `k.dtype`.
@@ -34,8 +37,8 @@ class AffineFormat(KVFormat):
     group_size: int = 64
 
     def __post_init__(self) -> None:
-        if self.n_bits not in (4, 8):
-            raise FormatError(f"affine formats have 4 or 8 bits, got {self.n_bits}")
+        if self.n_bits not in (3, 4, 8):
+            raise FormatError(f"affine formats have 3, 4 or 8 bits, got {self.n_bits}")
         if self.group_size not in GROUP_SIZES:
             raise FormatError(
                 f"group size must be one of {GROUP_SIZES}, got {self.group_size}"
@@ -56,6 +59,9 @@ class AffineFormat(KVFormat):
 
     def check(self, head_dim: int) -> None:
         super().check(head_dim)
+        if self.n_bits == 3 and head_dim % 8:
+            raise FormatError(f"{self.name}: head_dim {head_dim} is not a multiple of 8 (3-bit "
+                              "codes pack eight dims per bit plane byte)")
         if head_dim % self.group_size:
             raise FormatError(
                 f"{self.name}: head_dim {head_dim} is not divisible by group size "
@@ -64,7 +70,7 @@ class AffineFormat(KVFormat):
             )
 
     def code_width(self, head_dim: int) -> int:
-        return head_dim * self.n_bits // 8
+        return packed_width(head_dim, self.n_bits)
 
     def scale_width(self, head_dim: int) -> int:
         return head_dim // self.group_size
@@ -87,16 +93,12 @@ class AffineFormat(KVFormat):
         bias = lo.to(x.dtype)
         q = ((g - bias.float().unsqueeze(-1)) / scale.float().unsqueeze(-1)).round_()
         q = q.clamp_(0, self.levels).to(torch.uint8).flatten(-2)
-        if self.n_bits == 4:
-            q = q[..., : d // 2] | (q[..., d // 2 :] << 4)
-        return QTensor(q.contiguous(), scale.contiguous(), bias.contiguous())
+        return QTensor(pack(q, self.n_bits), scale.contiguous(), bias.contiguous())
 
     def dequantize(self, q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        codes = q.codes
-        if self.n_bits == 4:
-            codes = torch.cat([codes & 0xF, codes >> 4], dim=-1)
         assert q.scales is not None and q.biases is not None
-        d = codes.shape[-1]
+        d = q.scales.shape[-1] * self.group_size
+        codes = unpack(q.codes, self.n_bits, d)
         g = codes.to(torch.float32).unflatten(-1, (d // self.group_size, self.group_size))
         x = g * q.scales.float().unsqueeze(-1) + q.biases.float().unsqueeze(-1)
         return x.flatten(-2).to(dtype)

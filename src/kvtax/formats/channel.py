@@ -1,15 +1,16 @@
-"""int4 keys quantized per channel over blocks of 64 tokens (KIVI's key layout).
+"""int4 / int3 keys quantized per channel over blocks of 64 tokens (KIVI's key layout).
 
 A key's quantization error is set by its group's range. Within one token a few outlier
 channels stretch every group they fall in; along tokens one channel keeps a similar range.
 So each block of `BLOCK` consecutive tokens stores, per channel d, `x ≈ scale_d * c + bias_d`
-(MLX's affine semantics: `scale = (max - min) / 15`, `bias = min`, both in the model dtype,
-codes in [0, 15]). On Qwen2.5-Coder-0.5B this alone took 4-bit keys from KL 2.9e-2 to
+(MLX's affine semantics: `scale = (max - min) / (2^bits - 1)`, `bias = min`, both in the
+model dtype). On Qwen2.5-Coder-0.5B this alone took 4-bit keys from KL 2.9e-2 to
 2.2e-3 at 2k (the scheme screen in docs/QUALITY.md).
 
 Layout (a kernel reads it without any reordering):
   codes  `[..., T, D/2]` uint8, split halves like int4: byte j holds dim j (low nibble) and
-         dim j + D/2 (high nibble) of the same token;
+         dim j + D/2 (high nibble) of the same token (int3: `[..., T, 3D/8]`, the bit planes
+         of kvtax.formats.packing);
   scales `[..., T, D/BLOCK]`, biases the same, in the model dtype. Per sequence and head the
          rows are contiguous, so that memory read as `[T/BLOCK, D]` is block j's per-channel
          vector: the scale of (token t, channel d) sits at flat offset (t // BLOCK) * D + d.
@@ -30,21 +31,22 @@ import torch
 
 from kvtax.errors import FormatError
 from kvtax.formats.base import KVFormat, QTensor
+from kvtax.formats.packing import pack, packed_width, unpack
 
 BLOCK = 64  # tokens per block: the recent fp16 window (128) covers a block until it fills
 
 
 @dataclass(frozen=True)
 class ChannelBlockFormat(KVFormat):
-    """4-bit affine codes with one scale and bias per channel per 64-token block."""
+    """4- or 3-bit affine codes with one scale and bias per channel per 64-token block."""
 
     n_bits: int = 4
     block: int = BLOCK
 
     def __post_init__(self) -> None:
-        if self.n_bits != 4 or self.block != BLOCK:
-            raise FormatError(f"channel-block formats are int4-c{BLOCK}; got "
-                              f"int{self.n_bits}-c{self.block}")
+        if self.n_bits not in (3, 4) or self.block != BLOCK:
+            raise FormatError(f"channel-block formats are int4-c{BLOCK} and int3-c{BLOCK}; "
+                              f"got int{self.n_bits}-c{self.block}")
 
     @property
     def name(self) -> str:
@@ -67,7 +69,7 @@ class ChannelBlockFormat(KVFormat):
                 "int4-g32 keys at this head_dim")
 
     def code_width(self, head_dim: int) -> int:
-        return head_dim // 2
+        return packed_width(head_dim, self.n_bits)
 
     def scale_width(self, head_dim: int) -> int:
         return head_dim // self.block
@@ -95,7 +97,7 @@ class ChannelBlockFormat(KVFormat):
         bias = lo.to(x.dtype)
         c = ((g - bias.float().unsqueeze(-2)) / scale.float().unsqueeze(-2)).round_()
         c = c.clamp_(0, self.levels).to(torch.uint8).flatten(-3, -2)  # [..., T, D]
-        codes = c[..., : d // 2] | (c[..., d // 2:] << 4)
+        codes = pack(c, self.n_bits)
         rows = (*lead, t, d // self.block)
         return QTensor(codes.contiguous(), scale.reshape(rows).contiguous(),
                        bias.reshape(rows).contiguous())
@@ -139,5 +141,5 @@ class ChannelBlockFormat(KVFormat):
 
     def _decode(self, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor,
                 dtype: torch.dtype) -> torch.Tensor:
-        c = torch.cat([codes & 0xF, codes >> 4], dim=-1).to(torch.float32)
+        c = unpack(codes, self.n_bits, scale.shape[-1]).to(torch.float32)
         return (c * scale.float() + bias.float()).to(dtype)

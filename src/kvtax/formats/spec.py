@@ -1,10 +1,11 @@
 """Format names and K/V pairs: `parse_format("int4-g32")`, `KVSpec.parse("k8v4")`.
 
 Grammar (case-insensitive):
-  format := fp16 | bf16 | fp32 | fp8 | fp8-pt | int8 | int4, optionally `-g<group>` for int
-            formats (aliases: 16 → fp16, 8 → int8, 4 → int4, fp8_e4m3 → fp8); fp8 has a
+  format := fp16 | bf16 | fp32 | fp8 | fp8-pt | int8 | int4 | int3, optionally `-g<group>`
+            for int formats (aliases: 16 → fp16, 8 → int8, 4 → int4, 3 → int3, fp8_e4m3 →
+            fp8; int3 has no fused kernel yet: attention reads it in torch); fp8 has a
             scale per token and head, fp8-pt one per tensor (1.0: vLLM's default fp8);
-            int4-c64: per channel over 64-token blocks (keys; kvtax.formats.channel)
+            int4-c64 / int3-c64: per channel over 64-token blocks (keys; kvtax.formats.channel)
   spec   := pair [+hk | +hkv] [+ck]       +hk: Hadamard-rotate keys before quantizing;
                                           +hkv: keys and values (kvtax.formats.rotation);
                                           +ck: center keys (subtract one per-channel mean
@@ -44,7 +45,8 @@ DEFAULT_KV = "int8+hk+ck"
 # Short names a user can type for the recommended specs. q4: keys per channel over 64-token
 # blocks, values per token in groups of 32, 4 fp16 sink and 128 fp16 recent tokens (0.30 of
 # fp16's bytes at 32k; the scheme screen and tables in docs/QUALITY.md say why).
-SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4-c64v4-g32@s4r128"}
+# q3: the same with 3-bit codes (0.24 of fp16's bytes; no fused kernel yet).
+SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4-c64v4-g32@s4r128", "q3": "k3-c64v3-g32@s4r128"}
 
 
 def expand_short(text: str) -> str:
@@ -99,8 +101,9 @@ def _fit_group(fmt: KVFormat, head_dim: int) -> KVFormat:
     return AffineFormat(fmt.n_bits, max(fits)) if fits else fmt
 
 
-FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "fp8-pt", "int8", "int4")
-_ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "fp8_e4m3": "fp8", "e4m3": "fp8"}
+FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "fp8-pt", "int8", "int4", "int3")
+_ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "3": "int3", "fp8_e4m3": "fp8",
+            "e4m3": "fp8"}
 _FORMAT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:-(?P<kind>[gc])(?P<group>\d+))?$")
 _PAIR_RE = re.compile(r"^k(?P<k>[a-z0-9_\-]+?)v(?P<v>[a-z0-9_\-]+)$")
 
@@ -122,10 +125,11 @@ def parse_format(name: str | KVFormat) -> KVFormat:
     assert m is not None
     group = m["group"]
     if m["kind"] == "c":
-        if base != "int4" or int(group) != BLOCK:
-            raise FormatError(f"per-channel block formats are int4-c{BLOCK} only, got {name!r}")
-        return ChannelBlockFormat()
-    if base in ("int8", "int4"):
+        if base not in ("int4", "int3") or int(group) != BLOCK:
+            raise FormatError(f"per-channel block formats are int4-c{BLOCK} and int3-c{BLOCK}, "
+                              f"got {name!r}")
+        return ChannelBlockFormat(int(base[3:]))
+    if base in ("int8", "int4", "int3"):
         return AffineFormat(int(base[3:]), int(group) if group else 64)
     if group:
         raise FormatError(f"format {base} has no group size; drop '-g{group}'")

@@ -57,6 +57,8 @@ def _format_code(fmt: KVFormat) -> tuple[int, int, float] | None:
     if isinstance(fmt, FloatFormat):
         return 0, 0, 1.0
     if isinstance(fmt, AffineFormat):
+        if fmt.n_bits == 3:  # the store kernel packs 8- and 4-bit codes only
+            return None
         return (1 if fmt.n_bits == 8 else 2), fmt.group_size, float(fmt.levels)
     if isinstance(fmt, FP8TensorFormat):  # before FP8Format: a subclass, with no scales
         return 4, 0, 1.0
