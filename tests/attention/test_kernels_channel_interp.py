@@ -36,7 +36,8 @@ CASES = [
     ("int4-g32", 128, 2, 4, 130, 1, F16),   # q4's body: decode
     ("int4-g32", 128, 1, 7, 63, 1, F16),    # GQA 7, one partial block
     ("int4-g32", 128, 1, 1, 1, 1, F16),     # one token in a 64-slot block
-    ("int4-g32", 64, 1, 4, 65, 1, BF16),
+    ("int4-g32", 64, 1, 4, 65, 1, BF16),    # g32 = D/2: decode_warp
+    ("int4", 128, 1, 4, 130, 2, F32),       # decode_warp, float32 dots
     ("int4-g32", 256, 1, 4, 100, 1, F16),   # 32-slot decode tiles
     ("int4-g32", 128, 1, 4, 64, 3, F16),    # decode of 3 rows, exactly one block
     ("int4-g32", 128, 1, 7, 90, 3, BF16),   # 21 rows: still the tile kernel
@@ -115,6 +116,7 @@ def _row(qt, b):
 LSE_CASES = [
     (128, 4, 300, 1, F16, 128, 4, "auto"),     # q4's body part at decode
     (64, 4, 150, 1, F16, 17, 4, "tile16"),
+    (64, 4, 150, 2, F16, 17, 4, "warp16"),
     (128, 7, 200, 1, BF16, 30, 70, "auto"),   # min_key mid-block
     (64, 2, 150, 40, F16, 17, 4, "auto"),     # prefill rows
     (64, 2, 150, 40, F16, 17, 4, "prefill16"),
@@ -140,29 +142,47 @@ def test_decode_matches_prefill_of_one_row():
     torch.testing.assert_close(dec, pre, atol=2e-3, rtol=0)
 
 
-def test_launch_table_routes_to_the_tile_kernel():
-    """Decode of int4-c64 keys is decode.py's (folded scales, tiles inside one block),
-    never decode_warp / swap, whose per-slot scale loads don't know the format."""
+@pytest.mark.parametrize("d, value, kernel", [
+    (128, "int4-g32", "tile"), (256, "int4-g32", "tile"), (64, "int4-g32", "warp"),
+    (128, "int4", "warp"), (64, "int8", "warp"), (256, "fp16", "warp"), (128, "fp8", "warp"),
+])
+def test_launch_table_routes_c64_keys(d, value, kernel):
+    """Decode of int4-c64 keys: decode_warp where the values fit it (one scale group per
+    half row), else decode.py (folded, tiles inside one block); never the swap kernels,
+    whose per-slot scale loads don't know the format."""
     from kvtax.attention.support import gluon_swap_reason, swap_reason, warp_reason
 
-    for d, v in ((128, "int4-g32"), (128, "int4"), (64, "int8"), (256, "fp16")):
-        q, view = channel_view(v, d=d, h_kv=1, group=4, ctx=70, n_q=1)
-        cfg = launch_config(q, view)
-        assert (cfg.path, cfg.kernel, cfg.fold) == ("decode", "tile", True), (d, v, cfg)
-        assert cfg.block_n <= 64
-        assert "int4-c64" in warp_reason(view)
-        assert swap_reason(q, view) is not None and gluon_swap_reason(q, view) is not None
-    q, view = channel_view(d=128, h_kv=1, group=4, ctx=70, n_q=40)
+    q, view = channel_view(value, d=d, h_kv=1, group=4, ctx=70, n_q=1)
+    cfg = launch_config(q, view)
+    assert (cfg.path, cfg.kernel) == ("decode", kernel), cfg
+    assert cfg.block_n <= 64 and (cfg.fold or kernel == "warp")
+    assert (warp_reason(view) is None) == (kernel == "warp")
+    assert swap_reason(q, view) is not None and gluon_swap_reason(q, view) is not None
+    q, view = channel_view(value, d=d, h_kv=1, group=4, ctx=70, n_q=40)
     assert launch_config(q, view).path == "prefill"
-    q, view = channel_view(d=64, h_kv=1, group=4, ctx=70, n_q=1)
-    with pytest.raises(ShapeError, match="int4-c64"):
-        triton_attention(q, view, config=warp_decode_config(q, view))
+
+
+@pytest.mark.parametrize("value", ["int4", "int8", "fp16", "fp8"])
+@pytest.mark.parametrize("n_q", [1, 3])
+@pytest.mark.parametrize("block_n", [16, 32, 64])
+def test_warp_kernel(value, n_q, block_n):
+    """decode_warp.py with int4-c64 keys (scales folded into the queries per block)."""
+    q, view = channel_view(value, d=64, h_kv=2, group=4, ctx=200, n_q=n_q, seed=block_n)
+    cfg = warp_decode_config(q, view, block_n=block_n)
+    assert cfg.kernel == "warp"
+    check(q, view, config=cfg, what=f"warp-{value}-n{block_n}-L{n_q}")
+
+
+def test_warp_kernel_refuses_tiles_across_blocks():
+    q, view = channel_view("int4", d=64, h_kv=1, group=4, ctx=200, n_q=1)
+    with pytest.raises(ShapeError, match="one 64-slot block"):
+        triton_attention(q, view, config=warp_decode_config(q, view, block_n=128))
 
 
 def test_decode_really_runs_the_tile_kernel():
     from kvtax.attention.kernels import decode
 
-    q, view = channel_view(d=64, h_kv=1, group=4, ctx=70, n_q=1)
+    q, view = channel_view(d=128, h_kv=1, group=4, ctx=70, n_q=1)
     fn, calls = decode.decode_attn_split_kernel, []
     original = fn.run
     fn.run = lambda *a, **k: calls.append(k.get("FOLD_K")) or original(*a, **k)

@@ -154,6 +154,8 @@ def _decode(a: _Args, explicit: bool) -> None:
         _swap(a, part, explicit)
     elif cfg.kernel == "warp":
         reason = warp_reason(view)
+        if isinstance(view.spec.key, ChannelBlockFormat) and cfg.block_n > 64:
+            reason = "int4-c64 keys need tiles inside one 64-slot block"
         if reason is not None or cfg.block_m < rows:
             raise ShapeError(f"decode_warp kernel cannot run this call: {reason or 'rows'}")
         decode_warp_kernel[grid](

@@ -96,12 +96,11 @@ def channel_keys_reason(view: CacheView) -> str | None:
 def warp_reason(view: CacheView) -> str | None:
     """None when decode_warp.py serves this cache: head dim a power of two from 32 to
     256, integer formats with at most one scale group per half row (group >= D/2) and
-    packed scale rows. Otherwise the tile kernel (decode.py) runs."""
+    packed scale rows (int4-c64 keys: `channel_keys_reason`'s). Otherwise the tile
+    kernel (decode.py) runs."""
     d = view.head_dim
     if d & (d - 1) or not 32 <= d <= 256:
         return f"head_dim {d} is not a power of two in [32, 256]"
-    if isinstance(view.spec.key, ChannelBlockFormat):
-        return "int4-c64 keys (decode_warp.py reads per-slot scales; decode.py serves them)"
     for part, fmt, qt in (("key", view.spec.key, view.k), ("value", view.spec.value, view.v)):
         if isinstance(fmt, AffineFormat):
             if fmt.group_size < d // 2:
