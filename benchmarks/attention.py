@@ -1,7 +1,8 @@
 """Attention over a quantized KV cache on one GPU: kvtax's fused kernels vs the baselines.
 
 Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches; `kvtax-int4c64`: q4's body, K
-int4-c64 and V int4-g32 in one plain view, no fp16 parts); torch SDPA fp16 (flash and
+int4-c64 and V int4-g32 in one plain view, no fp16 parts; `kvtax-k4c64v4`: the same keys
+beside int4's values, int4's bytes); torch SDPA fp16 (flash and
 cuDNN backends); Hugging Face's approach (dequantize the whole int8/int4 cache, then
 SDPA); mlx-lm's approach (materialize [H, L, ctx] scores). The baselines are
 kvtax.attention.baselines' functions, the ones `kvtax bench` measures. Llama-3.1-8B
@@ -53,7 +54,7 @@ from kvtax.harness.bench.gpu_timer import Timer  # noqa: E402
 from kvtax.harness.bench.gpu_timer import git_commit as _git_commit  # noqa: E402
 
 KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8",
-         "kvtax-int8hk": "int8+hk", "kvtax-int4c64": "k4-c64v4-g32"}
+         "kvtax-int8hk": "int8+hk", "kvtax-int4c64": "k4-c64v4-g32", "kvtax-k4c64v4": "k4-c64v4"}
 ALL_ARMS = [
     *KVTAX, "sdpa-flash", "sdpa-cudnn", "hf-dequant-sdpa-int8", "hf-dequant-sdpa-int4",
     "unfused-int8", "unfused-int4",

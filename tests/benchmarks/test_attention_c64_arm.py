@@ -1,6 +1,6 @@
-"""benchmarks/attention.py's `kvtax-int4c64` arm (q4's body: K int4-c64, V int4-g32, one
-plain view) in a dry run on CPU (the interpreter): both phases run the fused kernels, and
-the TB/s column's bytes are the format's (72 + 80 bytes per token and head at D 128)."""
+"""benchmarks/attention.py's int4-c64 arms (`kvtax-int4c64`, q4's body: K int4-c64, V
+int4-g32, one plain view; `kvtax-k4c64v4`: V int4) in a dry run on CPU (the interpreter):
+both phases run the fused kernels, and the TB/s column's bytes are the format's."""
 
 from __future__ import annotations
 
@@ -14,18 +14,22 @@ from tests.support.scripts import run_benchmark
 pytestmark = pytest.mark.kernels
 
 
-def test_int4c64_arm_runs_both_phases_and_counts_its_bytes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("arm, spec, per_token", [
+    ("kvtax-int4c64", "k4-c64v4-g32", 76),  # K 32 + 2 x 2 metadata bytes, V 32 + 2 x 2 x 2
+    ("kvtax-k4c64v4", "k4-c64v4", 72),      # V 32 + 2 x 2: int4's bytes
+])
+def test_c64_arm_runs_both_phases_and_counts_its_bytes(arm, spec, per_token, tmp_path,
+                                                        monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    run = run_benchmark("attention.py", "--dry-run", "--arms", "kvtax-int4c64", "kvtax-int4",
+    run = run_benchmark("attention.py", "--dry-run", "--arms", arm, "kvtax-int4",
                         "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr[-2000:]
     (rows_file,) = tmp_path.glob("*/rows.jsonl")
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
-    ours = [r for r in rows if r["arm"] == "kvtax-int4c64"]
+    ours = [r for r in rows if r["arm"] == arm]
     assert {(r["phase"], r["ctx"]) for r in ours} == {(p, c) for p in ("decode", "prefill")
                                                       for c in (64, 96)}
-    per_token = KVSpec.parse("k4-c64v4-g32").bytes_per_token(64)
-    assert per_token == 76  # K 32 + 2 x 2 metadata bytes, V 32 + 2 groups x 2 x 2
+    assert KVSpec.parse(spec).bytes_per_token(64) == per_token
     for r in ours:
         assert r["status"] == "ok", r["note"]
         q_bytes = 2 * r["batch"] * r["q_heads"] * r["rows"] * r["head_dim"] * 2
