@@ -1,6 +1,8 @@
 """Attention over a quantized KV cache on one GPU: kvtax's fused kernels vs the baselines.
 
-Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches); torch SDPA fp16 (flash and
+Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches; `kvtax-int4c64`: q4's body, K
+int4-c64 and V int4-g32 in one plain view, no fp16 parts; `kvtax-k4c64v4`: the same keys
+beside int4's values, int4's bytes); torch SDPA fp16 (flash and
 cuDNN backends); Hugging Face's approach (dequantize the whole int8/int4 cache, then
 SDPA); mlx-lm's approach (materialize [H, L, ctx] scores). The baselines are
 kvtax.attention.baselines' functions, the ones `kvtax bench` measures. Llama-3.1-8B
@@ -45,12 +47,14 @@ from kvtax.attention.baselines import (  # noqa: E402
 )
 from kvtax.attention.checks import rotate_query, unrotate_output  # noqa: E402
 from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
+from kvtax.attention.view import CacheView  # noqa: E402
 from kvtax.cache import FullCache  # noqa: E402
+from kvtax.formats import KVSpec  # noqa: E402
 from kvtax.harness.bench.gpu_timer import WARMUP_MS, Timer  # noqa: E402
 from kvtax.harness.bench.gpu_timer import git_commit as _git_commit  # noqa: E402
 
 KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8",
-         "kvtax-int8hk": "int8+hk"}
+         "kvtax-int8hk": "int8+hk", "kvtax-int4c64": "k4-c64v4-g32", "kvtax-k4c64v4": "k4-c64v4"}
 ALL_ARMS = [
     *KVTAX, "sdpa-flash", "sdpa-cudnn", "hf-dequant-sdpa-int8", "hf-dequant-sdpa-int4",
     "unfused-int8", "unfused-int4",
@@ -277,6 +281,9 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
     wanted = {"fp16", "int8", "int4", "fp8"} | {KVTAX[a.split("@")[0]] for _, _, a in cells
                                                 if a.split("@")[0] in KVTAX}
     for fmt in sorted(wanted):
+        if KVSpec.parse(fmt).key.name == "int4-c64":
+            caches[fmt] = BlockKeysCache(fmt, *kv)
+            continue
         caches[fmt] = FullCache(fmt, capacity=ctx)
         caches[fmt].append(*kv)
     lengths = torch.full((b,), ctx, dtype=torch.int32, device=dev)
@@ -294,6 +301,25 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
     del kv, caches
     if not args.dry_run:
         torch.cuda.empty_cache()
+
+
+class BlockKeysCache:
+    """A plain view of `k`, `v` `[B, H_kv, ctx, D]` under a spec with int4-c64 keys, both
+    quantized into block-aligned storage (slots rounded up to 64; the padding rows are
+    zeros past the length). `used_nbytes` counts the format's bytes per token of the
+    `ctx` tokens, as FullCache's does."""
+
+    def __init__(self, spec: str, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.spec = KVSpec.parse(spec)
+        b, h, ctx, d = k.shape
+        pad = -ctx % self.spec.key.block
+        k, v = (torch.cat([x, x.new_zeros(b, h, pad, d)], dim=2) for x in (k, v))
+        self._view = CacheView(self.spec.key.quantize(k), self.spec.value.quantize(v),
+                               self.spec, head_dim=d, length=ctx, dtype=k.dtype)
+        self.used_nbytes = self.spec.bytes_per_token(d, k.dtype) * b * h * ctx
+
+    def view(self) -> CacheView:
+        return self._view
 
 
 def run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args) -> dict:

@@ -94,9 +94,26 @@ def targets(idx: dict, ctxs: list[int], arms: list[str]) -> list[str]:
                      > idx[("sdpa-flash", "prefill", cc)]["transient_mib"] + 1e-6]
             lines.append(f"- {arm} prefill transient memory <= sdpa-flash's at every context: "
                          f"{'held' if not worse else 'MISSED at ' + ', '.join(map(_ctx_label, worse))}")
+    lines += q4_targets(idx, c, ok, flash)
     for arm in ("kvtax-fp16", "kvtax-int8", "kvtax-int4", "kvtax-fp8"):
         fr = [idx[(arm, "decode", cc)].get("frac_ceiling") for cc in ctxs if cc >= 65536 and ok(arm, "decode", cc)]
         if fr and all(f is not None for f in fr):
             lines.append(f"- aim: {arm} decode at >= 90% of the read ceiling from 64k: "
                          f"{', '.join(f'{100 * f:.0f}%' for f in fr)}")
+    return lines
+
+
+def q4_targets(idx: dict, c: int, ok, flash: list[dict]) -> list[str]:  # noqa: ANN001
+    """Issue 26's kernel targets for q4's body (`kvtax-int4c64`): decode no slower than
+    plain int4 by more than 10%, prefill at >= 0.8 of the best SDPA's TFLOP/s."""
+    arm, lines = "kvtax-int4c64", []
+    if ok(arm, "decode") and ok("kvtax-int4", "decode"):
+        ratio = idx[(arm, "decode", c)]["median_ms"] / idx[("kvtax-int4", "decode", c)]["median_ms"]
+        lines.append(f"- {arm} decode / kvtax-int4 decode = {ratio:.2f} (target <= 1.10): "
+                     f"{'held' if ratio <= 1.10 else 'MISSED'}")
+    if flash and ok(arm, "prefill"):
+        best = max(flash, key=lambda r: r["tflops"])
+        ratio = idx[(arm, "prefill", c)]["tflops"] / best["tflops"]
+        lines.append(f"- {arm} prefill TFLOP/s / {best['arm']} = {ratio:.2f} (target >= 0.80): "
+                     f"{'held' if ratio >= 0.8 else 'MISSED'}")
     return lines

@@ -27,7 +27,7 @@ from kvtax.attention.support import (
 )
 from kvtax.attention.view import CacheView
 from kvtax.errors import ShapeError
-from kvtax.formats import FP8Format, KVFormat
+from kvtax.formats import ChannelBlockFormat, FP8Format, KVFormat
 
 # Test hook: fill split-KV partials (and triton_attention_lse's outputs) with NaN before
 # each launch so unwritten ones show.
@@ -120,8 +120,8 @@ class _Args:
             K_FMT=self.k_fmt, K_GS=max(k_gs, 1), V_FMT=self.v_fmt, V_GS=max(v_gs, 1),
             IS_RING=view.ring > 0, HAS_WINDOW=view.window is not None, SOFTCAP=softcap,
             HAS_LENS=lengths is not None, IEEE=_ieee_dots(q.dtype),
-            FOLD_K=cfg.fold and _fold_pays(view.spec.key, d),
-            FOLD_V=cfg.fold and _fold_pays(view.spec.value, d),
+            FOLD_K=cfg.fold and _fold_pays(view.spec.key, d, cfg.block_n),
+            FOLD_V=cfg.fold and _fold_pays(view.spec.value, d, cfg.block_n),
             HAS_KV_START=kv_start is not None, HAS_MIN_DIST=bool(min_distance or min_key),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
@@ -154,6 +154,8 @@ def _decode(a: _Args, explicit: bool) -> None:
         _swap(a, part, explicit)
     elif cfg.kernel == "warp":
         reason = warp_reason(view)
+        if isinstance(view.spec.key, ChannelBlockFormat) and cfg.block_n > 64:
+            reason = "int4-c64 keys need tiles inside one 64-slot block"
         if reason is not None or cfg.block_m < rows:
             raise ShapeError(f"decode_warp kernel cannot run this call: {reason or 'rows'}")
         decode_warp_kernel[grid](
@@ -273,11 +275,14 @@ def pdl_options(kind: str, q: torch.Tensor, cfg: LaunchConfig | None = None) -> 
     return opts
 
 
-def _fold_pays(fmt: KVFormat, head_dim: int) -> bool:
+def _fold_pays(fmt: KVFormat, head_dim: int, block_n: int) -> bool:
     """Move scales off the elements (decode) for fp8 and for int4 whose half-rows each lie
-    in one scale group; int8 measured faster dequantizing per element (docs/KERNELS.md)."""
+    in one scale group; int8 measured faster dequantizing per element (docs/KERNELS.md).
+    int4-c64 keys fold into the queries where a tile lies in one 64-slot block."""
     if isinstance(fmt, FP8Format):
         return True
+    if isinstance(fmt, ChannelBlockFormat):
+        return block_n <= fmt.block
     half = head_dim // 2
     return is_int4(fmt) and fmt.group_size >= half and half_width(head_dim) == half
 

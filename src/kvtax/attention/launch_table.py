@@ -12,6 +12,8 @@ Decode (L <= 16 query rows, G * L <= 128):
                                 → swap (slots as the MMA's M, no padded query rows:
                                   10-20% faster than warp)
     int8 K and V                → warp, two pipeline stages (8% faster than three)
+    int4-c64 keys               → warp, defaults (the swap kernels read per-slot
+                                  scales only)
     otherwise                   → warp, defaults
   otherwise                     → tile (decode.py: up to 128 packed rows, 4-8 warps)
 Prefill (longer chunks): tiles by query dtype and head dim (`_prefill_config`).

@@ -12,7 +12,7 @@ import triton
 
 from kvtax.attention.kernels.decode import decode_attn_split_kernel
 from kvtax.attention.view import CacheView
-from kvtax.formats import AffineFormat, FloatFormat, FP8Format, KVFormat
+from kvtax.formats import AffineFormat, ChannelBlockFormat, FloatFormat, FP8Format, KVFormat
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -25,7 +25,10 @@ def interpreting() -> bool:
 
 def format_code(fmt: KVFormat) -> tuple[int, int] | None:
     """(kernel format code, group size) or None when the kernels don't know the format:
-    0 float, 1 int8, 2 int4, 3 fp8 e4m3 (group size 0 where there are no groups)."""
+    0 float, 1 int8, 2 int4, 3 fp8 e4m3, 4 int4-c64 (keys only; its group is the 64-token
+    block), group size 0 where there are no groups."""
+    if isinstance(fmt, ChannelBlockFormat):  # int3-c64: no kernel reads 3-bit planes yet
+        return (4, fmt.block) if fmt.n_bits == 4 else None
     if isinstance(fmt, FloatFormat):
         return 0, 0
     if isinstance(fmt, AffineFormat):
@@ -59,6 +62,9 @@ def unsupported_reason(q: torch.Tensor, view: CacheView, *, allow_cpu: bool = Fa
     for part, fmt in (("key", view.spec.key), ("value", view.spec.value)):
         if format_code(fmt) is None:
             return f"{part} format {fmt.name} has no kernel"
+    reason = channel_keys_reason(view)
+    if reason is not None:
+        return reason
     for qt in (view.k, view.v):
         if any(t.stride(-1) != 1 for t in qt.parts()):
             return "cache storage rows are not contiguous (last stride != 1)"
@@ -69,10 +75,31 @@ def unsupported_reason(q: torch.Tensor, view: CacheView, *, allow_cpu: bool = Fa
     return None
 
 
+def channel_keys_reason(view: CacheView) -> str | None:
+    """None unless int4-c64 is in the spec and the kernels cannot read it: they take it
+    for keys only, at head_dim 64 / 128 / 256 (whole power-of-two half rows), from
+    block-aligned storage whose metadata rows are packed (block j's D values at j * D)."""
+    k_fmt, d = view.spec.key, view.head_dim
+    if isinstance(view.spec.value, ChannelBlockFormat):
+        return "value format int4-c64 has no kernel (the kernels read it for keys only)"
+    if not isinstance(k_fmt, ChannelBlockFormat):
+        return None
+    if d not in (64, 128, 256):
+        return f"int4-c64 keys at head_dim {d} (the kernels take 64, 128 and 256)"
+    codes, scales, biases = view.k.codes, view.k.scales, view.k.biases
+    if codes.shape[2] % k_fmt.block:
+        return f"int4-c64 key storage of {codes.shape[2]} slots is not block-aligned"
+    if scales.stride(-1) != 1 or scales.stride(-2) != d // k_fmt.block or \
+            biases.stride() != scales.stride():
+        return "int4-c64 key scale rows are not packed"
+    return None
+
+
 def warp_reason(view: CacheView) -> str | None:
     """None when decode_warp.py serves this cache: head dim a power of two from 32 to
     256, integer formats with at most one scale group per half row (group >= D/2) and
-    packed scale rows. Otherwise the tile kernel (decode.py) runs."""
+    packed scale rows (int4-c64 keys: `channel_keys_reason`'s). Otherwise the tile
+    kernel (decode.py) runs."""
     d = view.head_dim
     if d & (d - 1) or not 32 <= d <= 256:
         return f"head_dim {d} is not a power of two in [32, 256]"

@@ -9,7 +9,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kvtax.attention.kernels.dequant import code_offset, load_codes, load_kv_tile, load_meta
+from kvtax.attention.kernels.dequant import (
+    code_offset, load_block_meta, load_codes, load_kv_tile, load_meta,
+)
 
 
 @triton.jit
@@ -115,12 +117,17 @@ def tile_meta(p_ks, p_kb, p_vs, p_vb, start, num_slots, s_km, s_vm,
               HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
               K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr,
               V_GS: tl.constexpr):
-    """K and V scales/biases of the tile at `start` (8 tensors, see `load_meta`)."""
+    """K and V scales/biases of the tile at `start` (8 tensors, see `load_meta`; int4-c64
+    keys: `load_block_meta`'s per-block vectors)."""
     o_n = start + tl.arange(0, BLOCK_N)
     m_n = o_n < num_slots
     o_t = o_n.to(tl.int64)
-    ks_lo, kb_lo, ks_hi, kb_hi = load_meta(p_ks, p_kb, o_t, m_n, s_km, HEAD_DIM, HALF,
-                                           BLOCK_N, K_FMT, K_GS)
+    if K_FMT == 4:
+        ks_lo, kb_lo, ks_hi, kb_hi = load_block_meta(p_ks, p_kb, start, num_slots, HEAD_DIM,
+                                                     BLOCK_N)
+    else:
+        ks_lo, kb_lo, ks_hi, kb_hi = load_meta(p_ks, p_kb, o_t, m_n, s_km, HEAD_DIM, HALF,
+                                               BLOCK_N, K_FMT, K_GS)
     vs_lo, vb_lo, vs_hi, vb_hi = load_meta(p_vs, p_vb, o_t, m_n, s_vm, HEAD_DIM, HALF,
                                            BLOCK_N, V_FMT, V_GS)
     return ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi
@@ -159,7 +166,10 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
     o_n = start + tl.arange(0, BLOCK_N)
     m_n = o_n < num_slots
     o_t = o_n.to(tl.int64)
-    if FOLD_K:
+    if FOLD_K and K_FMT == 4:
+        s = _fold_qk_blocks(q_lo, q_hi, p_kc, o_t, m_n, s_kc, ks_lo, kb_lo, ks_hi, kb_hi,
+                            HEAD_DIM, HALF, IEEE)
+    elif FOLD_K:
         # q.(s*c + b) per half = s * (q.c) + b * sum(q); codes may carry an offset
         c_lo, c_hi = load_codes(p_kc, o_t, m_n, s_kc, HEAD_DIM, HALF, K_FMT, dtype)
         s = _dot(q_lo, tl.trans(c_lo), IEEE) * _row(ks_lo)[None, :]
@@ -279,3 +289,26 @@ def _fold_pv(acc, alpha, p, codes, scale, bias, FMT: tl.constexpr, DTYPE: tl.con
     if FMT != 3:
         acc += tl.sum(p * bias[None, :], 1)[:, None]
     return acc
+
+
+@triton.jit
+def _fold_qk_blocks(q_lo, q_hi, p_kc, o_t, m_n, s_kc, s_lo, b_lo, s_hi, b_hi,
+                    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, IEEE: tl.constexpr):
+    """Scores `[BLOCK_M, BLOCK_N]` of int4-c64 keys in a tile inside one 64-slot block:
+    q.(s * c + b) = (q * s).c + q.b, with s, b `[1, HALF]` per channel (`load_block_meta`).
+
+    Why: a decode tile has BLOCK_M (16) query rows but BLOCK_N (32-64) key rows, so
+    scaling the queries costs a quarter of dequantizing the keys, and q.b is one number
+    per row. The scaled queries are rounded to the dots' dtype once and the offset the
+    codes carry (`code_offset`) comes off with the sum of those same rounded values.
+    """
+    dtype = q_lo.dtype
+    c_lo, c_hi = load_codes(p_kc, o_t, m_n, s_kc, HEAD_DIM, HALF, 4, dtype)
+    qs_lo = (q_lo.to(tl.float32) * s_lo.to(tl.float32)).to(dtype)  # [BLOCK_M, HALF]
+    qs_hi = (q_hi.to(tl.float32) * s_hi.to(tl.float32)).to(dtype)
+    s = dot_acc(qs_hi, tl.trans(c_hi), _dot(qs_lo, tl.trans(c_lo), IEEE), IEEE)
+    off = code_offset(4, dtype)
+    qb = tl.sum(q_lo.to(tl.float32) * b_lo.to(tl.float32), 1)
+    qb += tl.sum(q_hi.to(tl.float32) * b_hi.to(tl.float32), 1)
+    qb -= off * (tl.sum(qs_lo.to(tl.float32), 1) + tl.sum(qs_hi.to(tl.float32), 1))
+    return s + qb[:, None]

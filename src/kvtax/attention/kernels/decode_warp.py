@@ -20,8 +20,9 @@ and nothing large cancels in the float32 accumulator. `P * s` is taken relative 
 tile's largest scale so the fp16 operand keeps its precision.
 
 Formats: 0 float (the cache dtype is fed to the dots as is), 1 int8, 2 int4 (split
-halves), 3 fp8 e4m3 (codes passed as uint8). Integer formats need group size >= D/2 and
-a power-of-two head dim; the wrapper routes other shapes to `decode.py`.
+halves), 3 fp8 e4m3 (codes passed as uint8), 4 int4-c64 keys (per-channel scales of a
+64-slot block: folded into the queries, `_block_scores`). Integer formats need group
+size >= D/2 and a power-of-two head dim; the wrapper routes other shapes to `decode.py`.
 
 HAS_MIN_DIST (constexpr, off by default) hides keys closer than `min_dist` to the query
 or before `min_key` (one part of a hybrid cache); tiles every row still sees whole keep
@@ -34,7 +35,9 @@ import triton.language as tl
 from kvtax.attention.kernels.common import (
     dot_acc, head_pointers, pdl_enter, pdl_exit, sequence_of, tanh, visible,
 )
-from kvtax.attention.kernels.warp_tiles import tile_meta, tile_operands, v_pair_operands
+from kvtax.attention.kernels.warp_tiles import (
+    block_meta, tile_meta, tile_operands, v_pair_operands,
+)
 
 
 @triton.jit
@@ -56,6 +59,21 @@ def _pv(acc, p, v, scale, inv_t, DT: tl.constexpr, FMT: tl.constexpr, IEEE: tl.c
     else:
         acc = dot_acc((p * (scale * inv_t)[None, :]).to(DT), v, acc, IEEE)
     return acc
+
+
+@triton.jit
+def _block_scores(q_lo, q_hi, k_lo, k_hi, p_ks, p_kb, start, zeros_s, qk_scale,
+                  HEAD_DIM: tl.constexpr, K_DT: tl.constexpr, IEEE: tl.constexpr):
+    """Scaled scores `[BLOCK_M, BLOCK_N]` of int4-c64 keys (centered codes k_lo, k_hi):
+    q.(s (c - 8) + b + 8 s) = (q * s).(c - 8) + q.(b + 8 s), per channel of the tile's
+    block. Scaling the 16 query rows is cheaper than scaling the 32 key rows, and the
+    centered codes keep the rounded q * s from meeting any large offset."""
+    s_lo, b_lo, s_hi, b_hi = block_meta(p_ks, p_kb, start, HEAD_DIM)
+    qs_lo = (q_lo.to(tl.float32) * s_lo).to(K_DT)
+    qs_hi = (q_hi.to(tl.float32) * s_hi).to(K_DT)
+    s = dot_acc(qs_hi, tl.trans(k_hi), dot_acc(qs_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
+    qb = tl.sum(q_lo.to(tl.float32) * b_lo, 1) + tl.sum(q_hi.to(tl.float32) * b_hi, 1)
+    return (s + qb[:, None]) * qk_scale
 
 
 @triton.jit
@@ -116,7 +134,10 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     k_lo, k_hi = tile_operands(p_kc, o_n, m_n, s_kc, HEAD_DIM, K_FMT, K_DT, ASM)
     ks_lo, kb_lo, ks_hi, kb_hi = tile_meta(p_ks, p_kb, start, m_n, s_km, BLOCK_N, K_FMT, K_NG)
     zeros_s = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if K_FMT == 0:
+    if K_FMT == 4:  # tile_meta gave zeros: the scales are per channel of a block
+        s = _block_scores(q_lo, q_hi, k_lo, k_hi, p_ks, p_kb, start, zeros_s, qk_scale,
+                          HEAD_DIM, K_DT, IEEE)
+    elif K_FMT == 0:
         s = dot_acc(q_hi, tl.trans(k_hi), dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
         s = s * qk_scale
     elif K_FMT == 3 or K_NG == 1:  # one scale per row: one accumulator for both halves

@@ -11,7 +11,9 @@ the kernels fetch them one tile ahead with `load_meta` and carry them in registe
 their latency hides behind the current tile instead of stalling every iteration.
 
 Format codes (constexpr): 0 float (fp16/bf16/fp32 rows), 1 int8 affine, 2 int4 affine
-(split halves), 3 fp8 e4m3 with one scale per row (codes passed as uint8).
+(split halves), 3 fp8 e4m3 with one scale per row (codes passed as uint8), 4 int4-c64
+keys (int4's split-halves codes; one scale and bias per channel per 64-slot block,
+kvtax.formats.channel, read by `load_block_meta`).
 """
 
 import triton
@@ -65,6 +67,40 @@ def load_meta(p_scales, p_biases, o_t, m_t, s_mt, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
+def load_block_meta(p_scales, p_biases, start, num_slots, HEAD_DIM: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    """int4-c64 scales/biases of the tile at slot `start`: (s_lo, b_lo, s_hi, b_hi), each
+    `[NB, D/2]` in the stored dtype, NB = max(BLOCK_N / 64, 1) blocks.
+
+    Per (batch, head) the metadata is `[slots / 64, D]` row-major, so block j's vector is
+    the D values at j * D. Tiles start at multiples of BLOCK_N (a power of two), so a tile
+    of <= 64 slots lies in one block: one vector serves all its rows. Blocks past
+    `num_slots` read 0 (the prefetch past the last tile)."""
+    DH: tl.constexpr = HEAD_DIM // 2
+    NB: tl.constexpr = BLOCK_N // 64 if BLOCK_N > 64 else 1
+    o_b = (start // 64 + tl.arange(0, NB)).to(tl.int64)
+    m_b = (o_b * 64 < num_slots)[:, None]
+    o_d = tl.arange(0, DH)[None, :]
+    p_lo = o_b[:, None] * HEAD_DIM + o_d  # [NB, DH]
+    s_lo = tl.load(p_scales + p_lo, mask=m_b, other=0.0)
+    b_lo = tl.load(p_biases + p_lo, mask=m_b, other=0.0)
+    s_hi = tl.load(p_scales + p_lo + DH, mask=m_b, other=0.0)
+    b_hi = tl.load(p_biases + p_lo + DH, mask=m_b, other=0.0)
+    return s_lo, b_lo, s_hi, b_hi
+
+
+@triton.jit
+def expand_blocks(x, BLOCK_N: tl.constexpr, DH: tl.constexpr, MATH: tl.constexpr):
+    """`load_block_meta`'s `[NB, D/2]` → one row per slot: `[1, D/2]` (broadcasts over the
+    tile) when the tile lies in one block, else each block's row repeated 64 times."""
+    x = x.to(MATH)
+    if BLOCK_N > 64:
+        NB: tl.constexpr = BLOCK_N // 64
+        x = tl.reshape(tl.broadcast_to(x[:, None, :], (NB, 64, DH)), (BLOCK_N, DH))
+    return x
+
+
+@triton.jit
 def _expand(x, HALF: tl.constexpr, GS: tl.constexpr, BLOCK_N: tl.constexpr,
             MATH: tl.constexpr):
     """`[BLOCK_N]` → `[BLOCK_N, 1]` (broadcasts); `[BLOCK_N, NGH]` repeats each group GS
@@ -105,7 +141,7 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
     o_d = tl.arange(0, HALF)
     m = m_t[:, None] & (o_d < DH)[None, :]
     p_row = p_codes + o_t[:, None] * s_ct  # [BLOCK_N, 1]
-    if FMT == 2:
+    if FMT == 2 or FMT == 4:
         byte = tl.load(p_row + o_d[None, :], mask=m, other=0)  # [BLOCK_N, HALF] uint8
         c_lo = _codes_to(byte & 0xF, MATH)
         c_hi = _codes_to(byte >> 4, MATH)
@@ -128,6 +164,9 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
     elif FMT == 3:
         lo = c_lo * s_lo.to(MATH)[:, None]
         hi = c_hi * s_lo.to(MATH)[:, None]
+    elif FMT == 4:  # s_lo..b_hi are load_block_meta's per-block vectors
+        lo = c_lo * expand_blocks(s_lo, BLOCK_N, DH, MATH) + expand_blocks(b_lo, BLOCK_N, DH, MATH)
+        hi = c_hi * expand_blocks(s_hi, BLOCK_N, DH, MATH) + expand_blocks(b_hi, BLOCK_N, DH, MATH)
     elif HALF == DH:
         lo = c_lo * _expand(s_lo, HALF, GS, BLOCK_N, MATH) + _expand(b_lo, HALF, GS, BLOCK_N, MATH)
         hi = c_hi * _expand(s_hi, HALF, GS, BLOCK_N, MATH) + _expand(b_hi, HALF, GS, BLOCK_N, MATH)
@@ -153,7 +192,7 @@ def _codes_to(c, DT: tl.constexpr):
 @triton.jit
 def code_offset(FMT: tl.constexpr, DTYPE: tl.constexpr):
     """The constant `load_codes` adds to every code (1024 on the fp16 fast path)."""
-    if (FMT == 1 or FMT == 2) and DTYPE == tl.float16:
+    if (FMT == 1 or FMT == 2 or FMT == 4) and DTYPE == tl.float16:
         off = 1024.0
     else:
         off = 0.0
@@ -173,7 +212,7 @@ def load_codes(p_codes, o_t, m_t, s_ct, HEAD_DIM: tl.constexpr, HALF: tl.constex
     o_d = tl.arange(0, HALF)
     m = m_t[:, None] & (o_d < DH)[None, :]
     p_row = p_codes + o_t[:, None] * s_ct
-    if FMT == 2:
+    if FMT == 2 or FMT == 4:
         byte = tl.load(p_row + o_d[None, :], mask=m, other=0)
         c_lo = byte & 0xF
         c_hi = byte >> 4

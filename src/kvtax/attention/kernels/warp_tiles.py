@@ -4,7 +4,8 @@ Codes become fp16 without the int → float unit: `0x6400 | c` is the fp16 numbe
 so one subtraction centers them (int8: c - 128, int4: c - 8), exactly. On the GPU
 (`ASM`) inline PTX does four codes per `prmt` + `sub.f16x2`; the interpreter takes the
 same arithmetic in plain Triton. `v_pair_operands` reads int8 / int4 V as uint16 pairs of
-dims (why: its docstring); `tile_meta` loads a tile's scales and centered biases.
+dims (why: its docstring); `tile_meta` loads a tile's scales and centered biases,
+`block_meta` those of int4-c64 keys (one vector per 64-slot block).
 """
 
 import triton
@@ -115,7 +116,8 @@ def tile_operands(p_codes, o_n, m_n, s_ct, HEAD_DIM: tl.constexpr, FMT: tl.const
               DT: tl.constexpr, ASM: tl.constexpr):
     """Tile of slots `o_n` (int32) as MMA operands: lo, hi `[BLOCK_N, D/2]` in DT.
 
-    Float formats: the stored rows. int8/int4: centered codes. fp8: decoded values.
+    Float formats: the stored rows. int8/int4 (and int4-c64): centered codes. fp8: decoded
+    values.
     Slots where `m_n` is False read code 0 (their scores are masked, their P is 0);
     m_n None loads the whole tile unmasked.
     """
@@ -123,7 +125,7 @@ def tile_operands(p_codes, o_n, m_n, s_ct, HEAD_DIM: tl.constexpr, FMT: tl.const
     o_d = tl.arange(0, DH)
     p_row = p_codes + o_n[:, None].to(tl.int64) * s_ct + o_d[None, :]
     m = None if m_n is None else m_n[:, None]
-    if FMT == 2:
+    if FMT == 2 or FMT == 4:
         byte = _load(p_row, m)
         if ASM:
             lo, hi = _int4_asm(byte)
@@ -230,4 +232,20 @@ def tile_meta(p_s, p_b, start, m_n, s_mt, BLOCK_N: tl.constexpr, FMT: tl.constex
             b_lo, b_hi = tl.split(tl.reshape(b2, (BLOCK_N, 2)))
             b_lo += OFF * s_lo
             b_hi += OFF * s_hi
+    return s_lo, b_lo, s_hi, b_hi
+
+
+@triton.jit
+def block_meta(p_s, p_b, start, HEAD_DIM: tl.constexpr):
+    """int4-c64 scales and centered biases (b + 8 s) of the 64-slot block holding slot
+    `start`, float32 `[1, D/2]` each: (s_lo, b_lo, s_hi, b_hi). A tile of <= 64 slots
+    starting at a multiple of its size lies in one block; the block is stored whenever
+    the tile has a valid slot (storage is block-aligned), so the loads are unmasked."""
+    DH: tl.constexpr = HEAD_DIM // 2
+    o_b = (start // 64 + tl.arange(0, 1)).to(tl.int64)  # [1]: offsets in int64
+    p = o_b[:, None] * HEAD_DIM + tl.arange(0, DH)[None, :]  # [1, DH]
+    s_lo = tl.load(p_s + p).to(tl.float32)
+    s_hi = tl.load(p_s + p + DH).to(tl.float32)
+    b_lo = tl.load(p_b + p).to(tl.float32) + 8.0 * s_lo
+    b_hi = tl.load(p_b + p + DH).to(tl.float32) + 8.0 * s_hi
     return s_lo, b_lo, s_hi, b_hi
