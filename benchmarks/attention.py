@@ -2,7 +2,8 @@
 
 Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches; `kvtax-int4c64`: q4's body, K
 int4-c64 and V int4-g32 in one plain view, no fp16 parts; `kvtax-k4c64v4`: the same keys
-beside int4's values, int4's bytes); torch SDPA fp16 (flash and
+beside int4's values, int4's bytes, q4's body; `kvtax-q4`: the whole q4 spec, fp16 sinks and
+recent ring, body and LSE merge, as a model layer calls it); torch SDPA fp16 (flash and
 cuDNN backends); Hugging Face's approach (dequantize the whole int8/int4 cache, then
 SDPA); mlx-lm's approach (materialize [H, L, ctx] scores). The baselines are
 kvtax.attention.baselines' functions, the ones `kvtax bench` measures. Llama-3.1-8B
@@ -48,15 +49,19 @@ from kvtax.attention.baselines import (  # noqa: E402
 from kvtax.attention.checks import rotate_query, unrotate_output  # noqa: E402
 from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
 from kvtax.attention.view import CacheView  # noqa: E402
-from kvtax.cache import FullCache  # noqa: E402
+from kvtax.attention import attention  # noqa: E402
+from kvtax.cache import FullCache, HybridCache  # noqa: E402
 from kvtax.formats import KVSpec  # noqa: E402
 from kvtax.harness.bench.gpu_timer import WARMUP_MS, Timer  # noqa: E402
 from kvtax.harness.bench.gpu_timer import git_commit as _git_commit  # noqa: E402
 
 KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8",
          "kvtax-int8hk": "int8+hk", "kvtax-int4c64": "k4-c64v4-g32", "kvtax-k4c64v4": "k4-c64v4"}
+# Hybrid arms: the whole spec a user names (fp16 sinks + recent ring, quantized body, LSE
+# merge), through kvtax.attention.attention as a model layer calls it.
+HYBRID = {"kvtax-q4": "q4"}
 ALL_ARMS = [
-    *KVTAX, "sdpa-flash", "sdpa-cudnn", "hf-dequant-sdpa-int8", "hf-dequant-sdpa-int4",
+    *KVTAX, *HYBRID, "sdpa-flash", "sdpa-cudnn", "hf-dequant-sdpa-int8", "hf-dequant-sdpa-int4",
     "unfused-int8", "unfused-int4",
 ]
 # alternatives to the launch table, each an explicit LaunchConfig (`sweep_config`)
@@ -135,6 +140,10 @@ def build_arm(name, q, caches, lengths, args):
     """(fn, cache bytes read, note) for one arm."""
     from torch.nn.attention import SDPBackend
 
+    if name in HYBRID:
+        cache = caches[HYBRID[name]]
+        view = cache.view()
+        return lambda: attention(q, view), cache.used_nbytes, cache.spec.name
     if name.startswith("kvtax-"):
         fmt, tag = KVTAX[name.split("@")[0]], name.partition("@")[2]
         view = caches[fmt].view()
@@ -280,6 +289,10 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
     caches = {}
     wanted = {"fp16", "int8", "int4", "fp8"} | {KVTAX[a.split("@")[0]] for _, _, a in cells
                                                 if a.split("@")[0] in KVTAX}
+    for name in {a for _, _, a in cells} & set(HYBRID):
+        spec = HYBRID[name]
+        caches[spec] = HybridCache(spec, capacity=ctx, max_chunk=min(args.chunk, ctx))
+        caches[spec].append(*kv)
     for fmt in sorted(wanted):
         if KVSpec.parse(fmt).key.name == "int4-c64":
             caches[fmt] = BlockKeysCache(fmt, *kv)
@@ -335,7 +348,7 @@ def run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args) 
         ms, p20, p80 = timer(fn)
         if args.kernel_times and not args.dry_run:
             row["kernel_us"] = kernel_times(fn)
-        if args.introspect and phase == "decode" and arm.startswith("kvtax-"):
+        if args.introspect and phase == "decode" and arm.split("@")[0] in KVTAX:
             fmt = KVTAX[arm.split("@")[0]]
             row["introspect"] = introspect_record(caches[fmt].view(), q, {"lengths": lengths})
         moved = nbytes + 2 * q.numel() * q.element_size()
