@@ -188,6 +188,9 @@ def test_no_fused_store_kernel_and_no_device_writes(monkeypatch) -> None:
     assert "re-quantize" in cache.device_write_blocker()
     with pytest.raises(RuntimeError, match="use append"):
         cache.write_at(k[:, :, :1], k[:, :, :1], torch.tensor([70]))
+    from kvtax.models.decode_graph import graph_blocker
+
+    assert "re-quantize" in graph_blocker(None, [cache])  # decode is not captured
     plain = FullCache("int4", capacity=128)
     plain.append(k, k)
     assert plain.device_write_blocker() is None

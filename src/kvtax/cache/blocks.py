@@ -7,6 +7,11 @@ repeating its last valid token, which leaves each channel's min/max unchanged). 
 codes are thus a pure function of the tokens it holds, however the prompt was chunked, and
 the storage is valid after every append.
 
+Within one prefill chunk a query may see a key of the open block whose scales already
+include later tokens of that chunk. A hybrid cache with >= 63 recent fp16 tokens (q4 keeps
+128) never reads the open block from the body, so there every key read is final and
+causal; a plain int4-c64 cache accepts that small look-ahead in its open block.
+
     >>> staged = KeyBlocks(ChannelBlockFormat())
     >>> first, q = staged.extend(k, p0=0)      # k [B, H, 100, D] → q covers 128 rows at 0
 """
