@@ -105,6 +105,13 @@ def test_trim_requantizes_the_last_block_as_if_never_appended() -> None:
     assert len(trimmed) == n + extra
     assert all(torch.equal(a, b) for a, b in zip(before, _rows(trimmed)[0]))
     assert trimmed.trim(HISTORY) == HISTORY  # the staged history reaches this far
+    cut = 64  # below the staged keys, but a whole-block cut needs no re-quantization
+    assert trimmed.blocks.start > cut
+    assert trimmed.trim(len(trimmed) - cut) and len(trimmed) == cut
+    trimmed.append(k[:, :, cut:cut + 70], v[:, :, cut:cut + 70])
+    _assert_same_storage(trimmed, _fill(FullCache(SPEC), k[:, :, :cut + 70],
+                                        v[:, :, :cut + 70], [cut + 70]), "after a block cut")
+    assert trimmed.trim(len(trimmed)) and len(trimmed) == 0
 
 
 @pytest.mark.parametrize("window,max_chunk,chunks", [

@@ -72,13 +72,16 @@ class KeyBlocks:
         block (None when `length` ends a block); CapacityError when the history no longer
         holds that block's first token (nothing changed then)."""
         first = length // self.block * self.block
-        if length >= self.end:
+        if self.keys is None or length >= self.end:
             return None
         if first < self.start:
-            raise CapacityError(
-                f"cannot drop {self.end - length} tokens: int4-c64 keys keep {self.history} "
-                "model-dtype keys to re-quantize the last block after a trim. Re-run the prompt")
-        assert self.keys is not None
+            if length != first:
+                raise CapacityError(
+                    f"cannot drop {self.end - length} tokens: int4-c64 keys keep "
+                    f"{self.history} model-dtype keys to re-quantize the last block after a "
+                    "trim. Re-run the prompt")
+            self.keys, self.start = self.keys[..., :0, :], length  # a whole-block cut
+            return None
         self.keys = self.keys[..., : length - self.start, :]
         if length == first:
             return None
