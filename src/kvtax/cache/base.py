@@ -160,7 +160,7 @@ class BaseCache(ABC):
         """Store tokens at positions `[length, length + T)` for block-quantized keys: the
         values per token, the keys as the whole blocks they touch (`KeyBlocks.extend`)."""
         assert self.store is not None and self.blocks is not None
-        p0, n = self.length, k.shape[2]
+        p0 = self.length
         first, qk = self.blocks.extend(rotate(k) if self.spec.rotate_keys else k, p0)
         qv = self.spec.value.quantize(rotate(v) if self.spec.rotate_values else v)
         self._write_range(first, qk, None)
