@@ -13,9 +13,11 @@ from abc import ABC, abstractmethod
 import torch
 
 from kvtax.attention.view import CacheView
+from kvtax.cache.blocks import KeyBlocks
 from kvtax.cache.storage import Storage, round_up
-from kvtax.errors import CapacityError, ShapeError
+from kvtax.errors import CapacityError, FormatError, ShapeError
 from kvtax.formats import KVSpec, QTensor, check_input, fit_head_dim, rotate
+from kvtax.formats.channel import ChannelBlockFormat
 
 _warned: set[str] = set()  # fallback reasons already reported
 
@@ -31,6 +33,11 @@ class BaseCache(ABC):
     `fused_store`: None (default) quantizes and writes new tokens with one fused Triton
     launch on CUDA (`kvtax.formats.store_triton`), in torch elsewhere; False always uses
     torch; True also tries the kernel on CPU (tests, under Triton's interpreter).
+
+    Keys in a block format (`int4-c64`) take the torch path always: `blocks`
+    (kvtax.cache.blocks) stages them in the model dtype and re-quantizes each block an
+    append touches; `nbytes` counts that staging too. Such caches have no graph-safe
+    `write_at` (`device_write_blocker` says so).
     """
 
     fused_store: bool | None = None
@@ -59,13 +66,15 @@ class BaseCache(ABC):
         self.check_finite = check_finite
         self.length = 0
         self.store: Storage | None = None
+        self.blocks: KeyBlocks | None = None
 
     def __len__(self) -> int:
         return self.length
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.store is None else self.store.nbytes
+        staged = 0 if self.blocks is None else self.blocks.nbytes
+        return staged + (0 if self.store is None else self.store.nbytes)
 
     @property
     def used_nbytes(self) -> int:
@@ -98,6 +107,8 @@ class BaseCache(ABC):
         self._check(k, v)
         if self.store is None:
             self.store = self._allocate(k)
+            if isinstance(self.spec.key, ChannelBlockFormat):
+                self.blocks = KeyBlocks(self.spec.key)
         if self.center_keys:
             if self.key_shift is None:
                 b, h, _, d = k.shape
@@ -120,6 +131,9 @@ class BaseCache(ABC):
         """
         if self.store is None:
             raise RuntimeError("write_at needs allocated storage: append a prompt first")
+        why = self.device_write_blocker()
+        if why is not None:
+            raise RuntimeError(f"write_at: {why}; use append")
         if k.shape[2] != 1:
             raise ValueError(f"write_at takes one token, got {k.shape[2]}")
         # Shape checks only: a finiteness check reads the device back, which a graph forbids.
@@ -133,6 +147,39 @@ class BaseCache(ABC):
         if not self._store_fused(k, v, pos_t):
             qk, qv = self._quantize(k, v)
             self.store.write_index(self._slot_of(pos_t), qk, qv)
+
+    def device_write_blocker(self) -> str | None:
+        """Why `write_at` (a write at a device-held position) cannot serve this cache, or
+        None: block-quantized keys re-quantize their open block at a host position."""
+        if self.blocks is not None or isinstance(self.spec.key, ChannelBlockFormat):
+            return (f"{self.spec.key.name} keys re-quantize their open 64-token block on "
+                    "each write, at a host-known position (decode eagerly)")
+        return None
+
+    def _write_blocked(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store tokens at positions `[length, length + T)` for block-quantized keys: the
+        values per token, the keys as the whole blocks they touch (`KeyBlocks.extend`)."""
+        assert self.store is not None and self.blocks is not None
+        p0 = self.length
+        first, qk = self.blocks.extend(rotate(k) if self.spec.rotate_keys else k, p0)
+        qv = self.spec.value.quantize(rotate(v) if self.spec.rotate_values else v)
+        self._write_range(first, qk, None)
+        self._write_range(p0, None, qv)
+
+    def _trim_blocks(self, length: int) -> None:
+        """Re-quantize the new last key block for a trim to `length` tokens (block keys
+        only); CapacityError, nothing changed, where the staged keys no longer reach it."""
+        if self.blocks is None:
+            return
+        redo = self.blocks.trim(length)
+        if redo is not None:
+            self._write_range(redo[0], redo[1], None)
+
+    def _write_range(self, first: int, k: QTensor | None, v: QTensor | None) -> None:
+        """Write K and/or V rows of positions `[first, first + rows)` to their slots (a
+        full cache: the same indices; padded key rows fit, slots being whole blocks)."""
+        assert self.store is not None
+        self.store.write(first, k, v)
 
     def _store_fused(self, k: torch.Tensor, v: torch.Tensor, pos: int | torch.Tensor) -> bool:
         """Quantize and write tokens at positions `pos + t` in one fused launch (`pos`: host
@@ -186,6 +233,8 @@ class BaseCache(ABC):
     def reset(self) -> None:
         """Forget every token; storage stays allocated so a new prompt reuses it."""
         self.length = 0
+        if self.blocks is not None:
+            self.blocks.reset()
 
     def _initial_capacity(self, first: int) -> int:
         if self._capacity_hint is not None:
@@ -216,6 +265,9 @@ class BaseCache(ABC):
             raise ShapeError("k and v must share dtype and device")
         check_input(k, self.spec.key, check_finite=self.check_finite)
         check_input(v, self.spec.value, check_finite=self.check_finite)
+        if isinstance(self.spec.value, ChannelBlockFormat):
+            raise FormatError(f"{self.spec.value.name} is a key format (per channel over "
+                              "token blocks); store values per token, e.g. k4-c64v4-g32")
         s = self.store
         if s is not None:
             want = (s.batch, s.num_kv_heads, s.head_dim)

@@ -25,7 +25,9 @@ class FullCache(BaseCache):
         assert self.store is not None
         n = k.shape[2]
         self.store.ensure(self.length + n, keep=self.length)
-        if not self._store_fused(k, v, self.length):
+        if self.blocks is not None:
+            self._write_blocked(k, v)
+        elif not self._store_fused(k, v, self.length):
             qk, qv = self._quantize(k, v)
             self.store.write(self.length, qk, qv)
         self.length += n
@@ -40,5 +42,6 @@ class FullCache(BaseCache):
 
     def trim(self, n: int) -> int:
         n = max(0, min(n, self.length))
+        self._trim_blocks(self.length - n)
         self.length -= n
         return n

@@ -8,6 +8,11 @@ A chunk of L queries needs the W - 1 keys before its first query as well as its 
 so the ring holds `W - 1 + L_max` slots, where L_max is the longest chunk appended
 (decode alone needs just W). The ring grows, re-laid-out, when a longer chunk arrives,
 unless `max_chunk` fixed it up front.
+
+Keys in a block format (int4-c64) are written a whole 64-token block at a time, so the
+ring is a multiple of 64 slots (blocks then map to aligned slot ranges and wrap whole),
+sinks must be a multiple of 64 too (a hybrid cache's sliding body has none), and the ring
+keeps 63 more slots: rewriting the open block never overwrites a block still in view.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ import torch
 
 from kvtax.attention.view import CacheView
 from kvtax.cache.base import BaseCache
-from kvtax.cache.storage import Storage, raw
-from kvtax.errors import CapacityError
+from kvtax.cache.storage import Storage, raw, round_up
+from kvtax.errors import CapacityError, FormatError
 from kvtax.formats import KVSpec, QTensor
+from kvtax.formats.channel import ChannelBlockFormat
 
 
 class SlidingCache(BaseCache):
@@ -48,7 +54,17 @@ class SlidingCache(BaseCache):
         super().__init__(spec, growable=not fixed, check_finite=check_finite,
                          center_keys=center_keys)
         self.window, self.sinks = window, sinks
-        self.ring = window - 1 + (max_chunk if fixed else 1)
+        self.block = self.spec.key.block if isinstance(self.spec.key, ChannelBlockFormat) else 1
+        if sinks % self.block:
+            raise FormatError(f"{self.spec.key.name} keys are written in blocks of "
+                              f"{self.block} slots: sinks must be a multiple of it, got {sinks}")
+        self.ring = self._ring_for(max_chunk if fixed else 1)
+
+    def _ring_for(self, chunk: int) -> int:
+        """Ring slots that serve chunks of `chunk` tokens: the window's W - 1 keys before a
+        chunk plus the chunk; for block keys also the rest of the open block, in blocks."""
+        need = self.window - 1 + chunk
+        return need if self.block == 1 else round_up(need + self.block - 1, self.block)
 
     @property
     def ring_tokens(self) -> int:
@@ -61,7 +77,7 @@ class SlidingCache(BaseCache):
     def _allocate(self, k: torch.Tensor) -> Storage:
         b, h, t, d = k.shape
         if self._growable:
-            self.ring = max(self.ring, self.window - 1 + t)
+            self.ring = max(self.ring, self._ring_for(t))
         return Storage(
             self.spec, b, h, d, k.dtype, k.device, self.sinks + self.ring, self._growable
         )
@@ -72,8 +88,12 @@ class SlidingCache(BaseCache):
         p0 = self.length
         n_sink = max(0, min(self.sinks - p0, n_new))
         n_ring = n_new - n_sink
-        if n_ring and self.window - 1 + n_ring > self.ring:
-            self._grow_ring(self.window - 1 + n_ring)
+        if n_ring and self._ring_for(n_ring) > self.ring:
+            self._grow_ring(self._ring_for(n_ring))
+        if self.blocks is not None:
+            self._write_blocked(k, v)
+            self.length += n_new
+            return
         if self._store_fused(k, v, p0):
             self.length += n_new
             return
@@ -93,6 +113,12 @@ class SlidingCache(BaseCache):
     def _ring_layout(self) -> tuple[int, int]:
         return self.sinks, self.ring
 
+    def _write_range(self, first: int, k: QTensor | None, v: QTensor | None) -> None:
+        assert self.store is not None
+        rows = (k if k is not None else v).codes.shape[-2]  # type: ignore[union-attr]
+        pos = torch.arange(first, first + rows, device=self.store.device)
+        self.store.write_index(self._slot_of(pos), k, v)
+
     def _slot_of(self, pos_t: torch.Tensor) -> torch.Tensor:
         return torch.where(
             pos_t < self.sinks, pos_t, self.sinks + torch.remainder(pos_t - self.sinks, self.ring)
@@ -106,13 +132,7 @@ class SlidingCache(BaseCache):
                 f"tokens (max_chunk); a chunk needs a ring of {ring}. Raise max_chunk"
             )
         s = self.store
-        old = self.view()
-        # Keep every held ring token at its new slot sinks + t % ring.
-        held = old.slot_positions()
-        new_slots = torch.where(
-            held < self.sinks, held, self.sinks + torch.remainder(held - self.sinks, ring)
-        )
-        src = torch.arange(held.numel(), device=held.device)
+        src, new_slots = self._moves(ring)
         parts_k, parts_v = [], []
         for parts, q in ((parts_k, s.k), (parts_v, s.v)):
             for t in q:
@@ -126,6 +146,21 @@ class SlidingCache(BaseCache):
                 parts.append(new)
         s.replace(QTensor(*parts_k), QTensor(*parts_v), self.sinks + ring)
         self.ring = ring
+
+    def _moves(self, ring: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(old slots, new slots) that keep every held token at sinks + t % ring. Block keys
+        move whole blocks, each to where its first position goes (a block's metadata
+        spans its rows; the open block's slots past the length are its padding)."""
+        held = self.view().slot_positions()
+        src = torch.arange(held.numel(), device=held.device)
+        if self.block > 1:
+            start = held[:: self.block]  # positions at block-aligned slots
+            src = (src[:: self.block, None] + torch.arange(self.block, device=src.device))
+            held = (start[:, None] + torch.arange(self.block, device=src.device))
+            src, held = src.flatten(), held.flatten()
+        new = torch.where(held < self.sinks, held,
+                          self.sinks + torch.remainder(held - self.sinks, ring))
+        return src, new
 
     def view(self) -> CacheView:
         if self.store is None:
@@ -150,5 +185,6 @@ class SlidingCache(BaseCache):
                 "cannot trim a sliding cache after its ring wrapped: the tokens the trimmed "
                 "ones overwrote are gone. Re-run the prompt instead"
             )
+        self._trim_blocks(self.length - n)
         self.length -= n
         return n

@@ -7,6 +7,8 @@ which the seeds measured as a resize churn confound).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kvtax.errors import CapacityError
@@ -19,6 +21,13 @@ STEP = 256
 # new tokens) the unaligned stride left them scalar loads and the int8 decode kernel took
 # 121 us per layer inside the model against 84 us standalone (H200).
 ALIGN = 16
+
+
+def slot_align(spec: KVSpec) -> int:
+    """Slots are allocated in multiples of this: ALIGN, or a key format's token block
+    (int4-c64 keys write whole 64-row blocks, their metadata spread over the rows)."""
+    block = getattr(spec.key, "block", 1)
+    return ALIGN * block // math.gcd(ALIGN, block)
 
 
 def round_up(n: int, step: int = STEP) -> int:
@@ -45,13 +54,19 @@ class Storage:
         self.growable = growable
         self.growth_events = 0
         self.capacity = capacity
-        slots = round_up(capacity, ALIGN)
+        self.align = slot_align(spec)
+        slots = round_up(capacity, self.align)
         self.k = spec.key.allocate((batch, num_kv_heads, slots), head_dim, dtype, device)
         self.v = spec.value.allocate((batch, num_kv_heads, slots), head_dim, dtype, device)
 
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+    @property
+    def slots(self) -> int:
+        """Physical slots allocated (capacity rounded up to `align`)."""
+        return self.k.codes.shape[2]
 
     def ensure(self, needed: int, keep: int) -> None:
         """Make room for `needed` slots, copying the first `keep` slots if storage moves."""
@@ -64,28 +79,35 @@ class Storage:
                 "capacity unset so it grows"
             )
         new_cap = round_up(max(needed, 2 * self.capacity))
-        self.k = _regrow(self.k, new_cap, keep)
+        # a block-quantized key's last block is copied whole (its metadata spans its rows)
+        self.k = _regrow(self.k, new_cap, min(round_up(keep, self.align), self.slots))
         self.v = _regrow(self.v, new_cap, keep)
         self.capacity = new_cap
         self.growth_events += 1
 
-    def write(self, start: int, k: QTensor, v: QTensor) -> None:
-        """Write quantized tokens into slots `[start, start + T)`."""
-        n = k.codes.shape[-2]
-        for dst, src in zip(self.k.parts(), k.parts()):
-            dst[:, :, start : start + n].copy_(src)
-        for dst, src in zip(self.v.parts(), v.parts()):
+    def write(self, start: int, k: QTensor | None, v: QTensor | None) -> None:
+        """Write quantized tokens into slots `[start, start + T)`; None skips K or V
+        (block-quantized keys span other slots than the new values)."""
+        for dst, src in _pairs(self, k, v):
+            n = src.shape[-2]
             dst[:, :, start : start + n].copy_(src)
 
-    def write_index(self, slots: torch.Tensor, k: QTensor, v: QTensor) -> None:
-        """Write quantized tokens into arbitrary slots (a ring that wraps)."""
-        for dst, src in zip(self.k.parts() + self.v.parts(), k.parts() + v.parts()):
+    def write_index(self, slots: torch.Tensor, k: QTensor | None, v: QTensor | None) -> None:
+        """Write quantized tokens into arbitrary slots (a ring that wraps); None skips."""
+        for dst, src in _pairs(self, k, v):
             raw(dst).index_copy_(2, slots, raw(src))
 
     def replace(self, k: QTensor, v: QTensor, capacity: int) -> None:
         """Swap in re-laid-out storage (a ring resized to a larger modulus)."""
         self.k, self.v, self.capacity = k, v, capacity
         self.growth_events += 1
+
+
+def _pairs(store: Storage, k: QTensor | None, v: QTensor | None):
+    """(destination, source) part pairs of the K and V given."""
+    for dst, src in ((store.k, k), (store.v, v)):
+        if src is not None:
+            yield from zip(dst.parts(), src.parts())
 
 
 def raw(t: torch.Tensor) -> torch.Tensor:

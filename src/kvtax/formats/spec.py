@@ -180,8 +180,9 @@ class KVSpec:
             return cls(spec, spec)
         text = expand_short(str(spec).strip().lower().replace(" ", ""))
         if "@" in text:
+            named = repr(spec) if text == str(spec).strip().lower() else f"{spec!r} ({text})"
             raise FormatError(
-                f"spec {spec!r} is a hybrid spec (fp16 sinks/recent around a quantized "
+                f"spec {named} is a hybrid spec (fp16 sinks/recent around a quantized "
                 "body): kvtax.formats.hybrid.parse_kv, HybridCache, `kvtax quality` and "
                 "`kvtax recall` take it; here drop the '@…'"
             )

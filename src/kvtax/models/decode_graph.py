@@ -151,6 +151,10 @@ def graph_blocker(model: DecoderModel, caches: Sequence[BaseCache]) -> str | Non
         return "hybrid caches (fp16 sinks/recent window) decode eagerly"
     if any(c.store is None for c in caches):
         return "the caches are empty (prefill first)"
+    for c in caches:
+        why = c.device_write_blocker()
+        if why is not None:
+            return why
     if any(c.store.growable for c in caches):  # type: ignore[union-attr]
         return ("a cache may grow (storage would move under the graph); make caches with "
                 "capacity = prompt + max new tokens")
