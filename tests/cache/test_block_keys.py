@@ -172,7 +172,7 @@ def test_bytes_are_exact_and_staging_counted() -> None:
     staged = cache.blocks.keys.nbytes
     assert HISTORY * 6 * 128 * 4 <= staged < (HISTORY + 64) * 6 * 128 * 4
     assert cache.nbytes == per * 6 * 1024 + staged
-    hybrid = _fill(HybridCache("q4"), k, v, [1000])
+    hybrid = _fill(HybridCache(f"{SPEC}@s4r128"), k, v, [1000])
     fp16_tokens = 4 + 128
     assert hybrid.used_nbytes == 6 * (1000 * per + fp16_tokens * 128 * 2 * 2)
 

@@ -83,5 +83,5 @@ def test_q4_hybrid_matches_per_query_concatenation(window, d, group, chunks) -> 
 
 def test_make_caches_gives_q4_layers_block_aligned_bodies() -> None:
     caches = make_caches([None, 512], "q4")
-    assert caches[0].spec.name == "k4-c64v4-g32@s4r128" and caches[0].sinks == 4
+    assert caches[0].spec.name == "k4-c64v4@s4r128" and caches[0].sinks == 4
     assert caches[1].sinks == 0 and caches[1].body.ring % 64 == 0

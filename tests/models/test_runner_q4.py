@@ -24,7 +24,7 @@ def test_q4_logits_do_not_depend_on_chunking(name) -> None:
     for chunk in (420, 7, 130):
         runner = Runner(model, kv="q4", chunk_size=chunk)
         caches = runner.make_caches()
-        assert caches[0].spec.name == "k4-c64v4-g32@s4r128"
+        assert caches[0].spec.name == "k4-c64v4@s4r128"
         out = [runner.prefill(ids[:, :400], caches)]
         out += [runner.decode_step(ids[:, t:t + 1], caches) for t in range(400, 420)]
         logits.append(torch.stack(out))
