@@ -50,7 +50,8 @@ from kvtax.attention.checks import rotate_query, unrotate_output  # noqa: E402
 from kvtax.attention.triton_api import LaunchConfig, triton_attention  # noqa: E402
 from kvtax.attention.view import CacheView  # noqa: E402
 from kvtax.attention import attention  # noqa: E402
-from kvtax.cache import FullCache, HybridCache  # noqa: E402
+from kvtax.cache import FullCache  # noqa: E402
+from kvtax.cache.hybrid import HybridCache  # noqa: E402
 from kvtax.formats import KVSpec  # noqa: E402
 from kvtax.harness.bench.gpu_timer import WARMUP_MS, Timer  # noqa: E402
 from kvtax.harness.bench.gpu_timer import git_commit as _git_commit  # noqa: E402
@@ -291,8 +292,10 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
                                                 if a.split("@")[0] in KVTAX}
     for name in {a for _, _, a in cells} & set(HYBRID):
         spec = HYBRID[name]
-        caches[spec] = HybridCache(spec, capacity=ctx, max_chunk=min(args.chunk, ctx))
-        caches[spec].append(*kv)
+        step = min(args.chunk, ctx)  # its fp16 ring takes prefill chunks of <= step tokens
+        caches[spec] = HybridCache(spec, capacity=ctx, max_chunk=step)
+        for t0 in range(0, ctx, step):
+            caches[spec].append(*(x[:, :, t0:t0 + step] for x in kv))
     for fmt in sorted(wanted):
         if KVSpec.parse(fmt).key.name == "int4-c64":
             caches[fmt] = BlockKeysCache(fmt, *kv)
