@@ -179,14 +179,14 @@ def _block_scores(a0_lo, a0_hi, a1_lo, a1_hi, bq_lo0, bq_lo1, bq_hi0, bq_hi1, km
     off = tl.full((16, DH), -1024.0, tl.float16)
     ab_lo = tl.broadcast_to(b_lo.to(tl.float16)[None, :], (16, DH))
     ab_hi = tl.broadcast_to(b_hi.to(tl.float16)[None, :], (16, DH))
-    acc = tl.dot(ab_lo, q_lo, tl.zeros([16, 8], dtype=tl.float32))
-    acc = tl.dot(off, qs_hi, tl.dot(off, qs_lo, tl.dot(ab_hi, q_hi, acc)))
-    first = (col < 4)[None, :]
-    acc = tl.dot(a0_lo, tl.where(first, qs_lo, 0.0), acc)
-    acc = tl.dot(a1_lo, tl.where(first, 0.0, qs_lo), acc)
-    acc = tl.dot(a0_hi, tl.where(first, qs_hi, 0.0), acc)
-    acc = tl.dot(a1_hi, tl.where(first, 0.0, qs_hi), acc)
-    return acc * qk_scale
+    zs = tl.zeros([16, 8], dtype=tl.float32)
+    t_b = tl.dot(ab_hi, q_hi, tl.dot(ab_lo, q_lo, zs))
+    t_off = tl.dot(off, qs_hi, tl.dot(off, qs_lo, zs))
+    m0 = (col < 4)[None, :].to(tl.float16)  # the streams' column masks
+    m1 = (col >= 4)[None, :].to(tl.float16)
+    d_lo = tl.dot(a1_lo, qs_lo * m1, tl.dot(a0_lo, qs_lo * m0, zs))
+    d_hi = tl.dot(a1_hi, qs_hi * m1, tl.dot(a0_hi, qs_hi * m0, zs))
+    return ((d_lo + t_off) + (d_hi + t_b)) * qk_scale
 
 
 @triton.jit
