@@ -127,16 +127,17 @@ def compiled(monkeypatch):
     monkeypatch.setattr(support, "gluon_swap_kernel", lambda: object())
 
 
-@pytest.mark.parametrize("dtype", [F16, BF16])
-def test_launch_table_routes_k4c64v4_decode_to_the_gluon_kernel(compiled, dtype):
+@pytest.mark.parametrize("dtype, per_sm", [(F16, 12), (BF16, 8)])
+def test_launch_table_routes_k4c64v4_decode_to_the_gluon_kernel(compiled, dtype, per_sm):
     """`k4-c64v4` decode at head_dim 128, G 4 (Llama's GQA): kernel "swap" (the Gluon
-    kernel), 12 programs per SM like plain int4 (168 registers on sm_90)."""
+    kernel), 12 programs per SM in fp16 (168 registers on sm_90, as plain int4's) and 8
+    in bf16 (206 and more)."""
     q, view = channel_view("int4", d=128, h_kv=8, group=4, ctx=4096, n_q=1, dtype=dtype)
     assert gluon_swap_reason(q, view) is None
     cfg = launch_config(q, view)
     assert (cfg.path, cfg.kernel, cfg.block_n) == ("decode", "swap", 32), cfg
-    assert cfg == swap_decode_config(q, view, per_sm=12)
-    assert cfg.pdl_launch == (cfg.num_splits == 12 * 4 // 8)  # a full grid (4 SMs here)
+    assert cfg == swap_decode_config(q, view, per_sm=per_sm)
+    assert cfg.pdl_launch == (per_sm == 12)  # early only at 12 per SM on a full grid
     # soft-capping and the hybrid cache's masks stay with decode_warp
     assert launch_config(q, view, softcap=True).kernel == "warp"
     assert launch_config(q, view, masked=True).kernel == "warp"

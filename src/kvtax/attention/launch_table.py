@@ -142,9 +142,9 @@ def swap_decode_config(
 ) -> LaunchConfig:
     """decode_swap's launch: one warp per program, 32-slot steps, two stages, `per_sm`
     programs per SM (default 12 for int4 K and V, the most the Gluon kernel's registers
-    allow, else 8; int4-c64 keys beside int4 values count as int4: 168 registers on
-    sm_90 under Triton 3.6, fp16 and bf16; bf16 takes 198 under 3.9), splits of >= 4
-    steps.
+    allow, else 8; int4-c64 keys beside int4 values: 12 in fp16 (168 registers on sm_90,
+    Triton 3.6 and 3.9), 8 in bf16 (206-236: the block vectors' conversions to fp16)),
+    splits of >= 4 steps.
 
     Under programmatic dependent launch (kvtax.pdl) the kernel launches early only where
     its grid fills every SM at 12 per SM (a smaller grid launched early lands unevenly
@@ -152,8 +152,10 @@ def swap_decode_config(
     thing only then, else at its end (docs/KERNELS.md)."""
     if per_sm is None:
         key, value = view.spec.key, view.spec.value
-        four = is_int4(key) or (isinstance(key, ChannelBlockFormat) and key.n_bits == 4)
-        per_sm = 12 if four and is_int4(value) else 8
+        if isinstance(key, ChannelBlockFormat):
+            per_sm = 12 if is_int4(value) and q.dtype == torch.float16 else 8
+        else:
+            per_sm = 12 if is_int4(key) and is_int4(value) else 8
     programs = q.shape[0] * view.num_kv_heads
     splits = _splits(view, q, lengths, 32, per_sm, 4, 1024, programs)
     full_grid = splits == max(1, per_sm * sm_count(q.device) // programs)

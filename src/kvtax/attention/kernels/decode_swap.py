@@ -169,7 +169,8 @@ def _block_scores(a0_lo, a0_hi, a1_lo, a1_hi, bq_lo0, bq_lo1, bq_hi0, bq_hi1, km
     q.(s c + b) = (q s).(1024 + c) + q.b - 1024 sum(q s). The block's s goes into the
     query operand (rounded once to fp16), so the codes enter the dots as plain int4's do;
     q.b and the offset are dots of b broadcast and of -1024 (exact in fp16), so every term
-    lands in the score tile's layout, and the offset cancels against the same rounded q s."""
+    lands in the score tile's layout, and the offset cancels against the same rounded q s.
+    Each stream's codes meet q s in all 8 columns; the tile keeps each stream's own."""
     DH: tl.constexpr = HEAD_DIM // 2
     s_lo, b_lo, s_hi, b_hi = kmeta
     q_lo = bq_lo0 + bq_lo1  # q in all 8 columns (the block-diagonal halves), exact
@@ -182,11 +183,9 @@ def _block_scores(a0_lo, a0_hi, a1_lo, a1_hi, bq_lo0, bq_lo1, bq_hi0, bq_hi1, km
     zs = tl.zeros([16, 8], dtype=tl.float32)
     t_b = tl.dot(ab_hi, q_hi, tl.dot(ab_lo, q_lo, zs))
     t_off = tl.dot(off, qs_hi, tl.dot(off, qs_lo, zs))
-    m0 = (col < 4)[None, :].to(tl.float16)  # the streams' column masks
-    m1 = (col >= 4)[None, :].to(tl.float16)
-    d_lo = tl.dot(a1_lo, qs_lo * m1, tl.dot(a0_lo, qs_lo * m0, zs))
-    d_hi = tl.dot(a1_hi, qs_hi * m1, tl.dot(a0_hi, qs_hi * m0, zs))
-    return ((d_lo + t_off) + (d_hi + t_b)) * qk_scale
+    d0 = tl.dot(a0_hi, qs_hi, tl.dot(a0_lo, qs_lo, zs))  # stream 0's slots, every column
+    d1 = tl.dot(a1_hi, qs_hi, tl.dot(a1_lo, qs_lo, zs))
+    return (tl.where((col < 4)[None, :], d0, d1) + (t_off + t_b)) * qk_scale
 
 
 @triton.jit

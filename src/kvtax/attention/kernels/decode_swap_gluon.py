@@ -120,19 +120,21 @@ def _issue_block(ks_smem, kb_smem, p_ks, p_kb, dims, tile, length, STAGES: gl.co
 
 
 @gluon.jit
-def _block_scores(k_st, ks_st, kb_st, q_lo, q_hi, m0, m1, qk_scale, ka_l: gl.constexpr,
+def _block_scores(k_st, ks_st, kb_st, q_lo, q_hi, first, qk_scale, ka_l: gl.constexpr,
                   qb_l: gl.constexpr, mma: gl.constexpr, SUB: gl.constexpr,
                   DH: gl.constexpr, NC: gl.constexpr):
     """Scaled scores S^T [16, 8] of one step of int4-c64 keys (codes k_st [32, D/2] uint8,
     the block's scale and bias vectors ks_st, kb_st [D] in shared memory; q_lo, q_hi
-    [D/2, 8] fp16, q in all 8 columns; m0, m1 [1, 8] fp16 1 in stream 0's / 1's columns):
+    [D/2, 8] fp16, q in all 8 columns; first [1, 8] True in stream 0's columns):
     q.(s c + b) = (q s).(1024 + c) + q.b - 1024 sum(q s).
     The block's s goes into the query operand (q s rounded once to fp16: 16 values a lane
     per half instead of scaling 64 codes a lane), so the codes enter the MMA as plain
     int4's do; q.b and the offset are MMAs of b broadcast and of -1024 (exact in fp16), so
     every term lands in the accumulator's layout without shuffles, and the offset cancels
-    against the same rounded q s the codes meet. The block-diagonal operands are q s times
-    the column masks (one HMUL2 per two values; a select per value measured 2x the SASS)."""
+    against the same rounded q s the codes meet. Each stream's codes meet q s in all 8
+    columns and the score tile keeps stream 0's columns from the first product, stream 1's
+    from the second: 4 selects a lane, where block-diagonal operands (q s times the
+    column masks) took 32 HMUL2."""
     s_lo = ks_st.slice(0, DH).load(gl.SliceLayout(1, qb_l)).to(gl.float16)
     s_hi = ks_st.slice(DH, DH).load(gl.SliceLayout(1, qb_l)).to(gl.float16)
     b_lo = kb_st.slice(0, DH).load(gl.SliceLayout(0, ka_l)).to(gl.float16)
@@ -148,9 +150,9 @@ def _block_scores(k_st, ks_st, kb_st, q_lo, q_hi, m0, m1, qk_scale, ka_l: gl.con
     t_off = mma_v2(off, qs_hi, mma_v2(off, qs_lo, zs))
     a0_lo, a0_hi = _x4(k_st.slice(0, SUB, 0).load(ka_l))
     a1_lo, a1_hi = _x4(k_st.slice(SUB, SUB, 0).load(ka_l))
-    d_lo = mma_v2(a1_lo, qs_lo * m1, mma_v2(a0_lo, qs_lo * m0, zs))
-    d_hi = mma_v2(a1_hi, qs_hi * m1, mma_v2(a0_hi, qs_hi * m0, zs))
-    return ((d_lo + t_off) + (d_hi + t_b)) * qk_scale
+    d0 = mma_v2(a0_hi, qs_hi, mma_v2(a0_lo, qs_lo, zs))  # stream 0's slots, every column
+    d1 = mma_v2(a1_hi, qs_hi, mma_v2(a1_lo, qs_lo, zs))
+    return (gl.where(first, d0, d1) + (t_off + t_b)) * qk_scale
 
 
 @gluon.jit
@@ -264,8 +266,7 @@ def decode_swap_gluon_kernel(
         ks_smem = gl.allocate_shared_memory(MDT, [STAGES, D], mvec)
         kb_smem = gl.allocate_shared_memory(MDT, [STAGES, D], mvec)
         dims = gl.arange(0, D, layout=gl.BlockedLayout([D // 32], [32], [1], [0]))
-        m0 = top.to(gl.float16)  # [1, 8]: the streams' column masks
-        m1 = (qc >= 4)[None, :].to(gl.float16)
+        first_s = (mc < 4)[None, :]  # [1, 8] in the scores' layout: stream 0's columns
     for j in gl.static_range(STAGES - 1):  # tiles past n_my lie past length: zero-filled
         _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
                split + j * num_splits, length, s_kc_t, s_vc_t, STAGES, j, BN, KB, VP)
@@ -325,7 +326,7 @@ def decode_swap_gluon_kernel(
         # ---- scores S^T [16, 8]: two streams through block-diagonal Q
         k_st = k_smem.index(s)
         if KC64:
-            sc = _block_scores(k_st, ks_smem.index(s), kb_smem.index(s), q_lo, q_hi, m0, m1,
+            sc = _block_scores(k_st, ks_smem.index(s), kb_smem.index(s), q_lo, q_hi, first_s,
                                qk_scale, ka_l, qb_l, mma, SUB, DH, NC)
         elif INT4:  # one byte tile per stream holds both halves
             a0_lo, a0_hi = _x4(k_st.slice(0, SUB, 0).load(ka_l))
