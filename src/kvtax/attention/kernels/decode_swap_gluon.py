@@ -17,7 +17,8 @@ P reaches its operand layout through warp shuffles. H200, 128k, one Llama-3.1-8B
 Gluon does not run in Triton's interpreter, so CI cannot execute this kernel:
 decode_swap.py is its twin (every formula the same) and runs there; this file is checked
 on the GPU (tests/attention/test_kernels_swap_gpu.py; int4-c64 keys:
-test_kernels_channel_swap_gpu.py) and compiled for sm_90 by benchmarks/compile_check.py. Works on Triton 3.6 (the H200 image) and 3.9.
+test_kernels_channel_swap_gpu.py) and compiled for sm_90 by benchmarks/compile_check.py.
+Works on Triton 3.6 (the H200 image) and 3.9.
 
 Codes: K as fp16 1024 + c (offset folded into the bias); V centered (c - 128, int4
 c - 8); scales and biases read as 32-bit words (the lo- and hi-half values of a slot);
