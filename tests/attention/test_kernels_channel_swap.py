@@ -92,9 +92,11 @@ def test_swap_twin_keys_far_from_zero():
 
 
 def test_swap_twin_really_runs_with_block_keys():
+    """decode_swap.py launched with format code 4 (head_dim 64: the twin's alone, also on a
+    GPU, where D 128 goes to the Gluon kernel)."""
     from kvtax.attention.kernels import decode_swap
 
-    q, view = channel_view("int4", d=128, h_kv=1, group=4, ctx=70, n_q=1)
+    q, view = channel_view("int4", d=64, h_kv=1, group=4, ctx=70, n_q=1)
     fn, calls = decode_swap.decode_swap_kernel, []
     original = fn.run
     fn.run = lambda *a, **k: calls.append(k.get("K_FMT")) or original(*a, **k)
