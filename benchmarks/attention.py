@@ -1,9 +1,9 @@
 """Attention over a quantized KV cache on one GPU: kvtax's fused kernels vs the baselines.
 
-Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches; `kvtax-int4c64`: q4's body, K
-int4-c64 and V int4-g32 in one plain view, no fp16 parts; `kvtax-k4c64v4`: the same keys
-beside int4's values, int4's bytes, q4's body; `kvtax-q4`: the whole q4 spec, fp16 sinks and
-recent ring, body and LSE merge, as a model layer calls it); torch SDPA fp16 (flash and
+Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches; `kvtax-k4c64v4`: q4's body, K
+int4-c64 and V int4 (g64) in one plain view, no fp16 parts, decoded by the Gluon swap
+kernel; `kvtax-int4c64`: the same keys beside int4-g32 values; `kvtax-q4`: the whole q4
+spec, fp16 sinks and recent ring, body and LSE merge, as a model layer calls it); torch SDPA fp16 (flash and
 cuDNN backends); Hugging Face's approach (dequantize the whole int8/int4 cache, then
 SDPA); mlx-lm's approach (materialize [H, L, ctx] scores). The baselines are
 kvtax.attention.baselines' functions, the ones `kvtax bench` measures. Llama-3.1-8B

@@ -118,6 +118,30 @@ def swap_cases():
                 lambda: ta.triton_attention(q, v, config=ta.swap_decode_config(q, v)))
 
 
+def c64_swap_cases():
+    """Kernel "swap" over int4-c64 keys: the Gluon kernel (int4 g64 values, fp16 / bf16,
+    the table's launch and with PDL) and the Triton twin (the other values and head dims)."""
+    from kvtax.attention import triton_api as ta
+    from kvtax.attention.view import CacheView
+    from kvtax.formats import KVSpec
+
+    grid = [("k4-c64v4", 128, 4, 1, dt) for dt in (torch.float16, torch.bfloat16)]
+    grid += [("k4-c64v8", 128, 4, 1, torch.float16), ("k4-c64v4", 64, 2, 2, torch.float16),
+             ("k4-c64v4-g128", 256, 4, 1, torch.bfloat16)]
+    for spec, d, group, n_q, dtype in grid:
+        kv = KVSpec.parse(spec)
+        k = torch.randn(1, 2, 320, d, dtype=dtype)
+        view = CacheView(kv.key.quantize(k), kv.value.quantize(k), kv, head_dim=d,
+                         length=300, dtype=dtype)
+        q = torch.randn(1, 2 * group, n_q, d, dtype=dtype)
+        name = f"swap {spec} D{d} G{group} L{n_q} {dtype}"
+        yield name, lambda q=q, v=view: ta.triton_attention(
+            q, v, config=ta.swap_decode_config(q, v))
+        if spec == "k4-c64v4" and d == 128:
+            yield f"{name} pdl", lambda q=q, v=view: _with_all_pdl(
+                lambda: ta.triton_attention(q, v, config=ta.swap_decode_config(q, v)))
+
+
 def hybrid_cases(full: bool):
     """triton_attention_lse over a hybrid cache's parts (kvtax.attention.hybrid): the
     quantized body with the min_distance / min_key masks and the fp16 sink/recent ring,
@@ -309,8 +333,10 @@ def main() -> int:
         cases += list(attention_cases(args.full))
         cases += list(hybrid_cases(args.full))
         cases += list(swap_cases())
+        cases += list(c64_swap_cases())
     if args.only == "swap":
         cases += list(swap_cases())
+        cases += list(c64_swap_cases())
     if args.only in (None, "sweep"):
         cases += list(sweep_cases())
     if args.only in (None, "store"):

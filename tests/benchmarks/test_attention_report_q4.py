@@ -1,5 +1,6 @@
-"""benchmarks/report.py's q4 targets (issue 26: `kvtax-int4c64` decode within 10% of plain
-int4's, prefill at >= 0.8 of the best SDPA's TFLOP/s) on hand-made rows."""
+"""benchmarks/report.py's q4 targets (issue 26: `kvtax-k4c64v4` / `kvtax-int4c64` decode
+within 10% of plain int4's, prefill at >= 0.8 of the best SDPA's TFLOP/s) on hand-made
+rows."""
 
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ def _row(arm: str, phase: str, ms: float, tflops: float = 0.0) -> dict:
     (0.070, 250.0, ("MISSED", "MISSED")),  # 1.25; 0.71
 ])
 def test_q4_targets(c64_ms, c64_tflops, want):
-    rows = [_row("kvtax-int4", "decode", 0.056), _row("kvtax-int4c64", "decode", c64_ms),
-            _row("sdpa-flash", "prefill", 20.0, 350.0),
-            _row("kvtax-int4c64", "prefill", 25.0, c64_tflops)]
+    rows = [_row("kvtax-int4", "decode", 0.056), _row("sdpa-flash", "prefill", 20.0, 350.0)]
+    for arm in ("kvtax-int4c64", "kvtax-k4c64v4"):
+        rows += [_row(arm, "decode", c64_ms), _row(arm, "prefill", 25.0, c64_tflops)]
     text = report.markdown_summary(rows, CONFIG)
-    dec = next(line for line in text.splitlines() if "kvtax-int4c64 decode /" in line)
-    pre = next(line for line in text.splitlines() if "kvtax-int4c64 prefill" in line)
-    assert dec.endswith(want[0]) and "(target <= 1.10)" in dec
-    assert pre.endswith(want[1]) and "sdpa-flash" in pre
+    for arm in ("kvtax-int4c64", "kvtax-k4c64v4"):
+        dec = next(line for line in text.splitlines() if f"{arm} decode /" in line)
+        pre = next(line for line in text.splitlines() if f"{arm} prefill" in line)
+        assert dec.endswith(want[0]) and "(target <= 1.10)" in dec
+        assert pre.endswith(want[1]) and "sdpa-flash" in pre

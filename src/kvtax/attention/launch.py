@@ -199,10 +199,11 @@ def _launch_swap_triton(a: _Args, part: tuple) -> None:
     """decode_swap.py (the Triton twin: any `swap_reason` case, soft-capping too)."""
     q, view, cfg = a.q, a.view, a.cfg
     d, b, h_kv = view.head_dim, q.shape[0], view.num_kv_heads
+    k_ng = 1 if a.k_fmt == 4 else d // view.spec.key.group_size  # int4-c64: block vectors
     decode_swap_kernel[(b * h_kv, cfg.num_splits)](
         q, *part, *a.cache[:7], view.length, q.shape[2], cfg.num_splits, h_kv,
         a.qk_scale, a.cap_log2, *q.stride(), *a.strides,
-        G=q.shape[1] // h_kv, HEAD_DIM=d, K_FMT=a.k_fmt, K_NG=d // view.spec.key.group_size,
+        G=q.shape[1] // h_kv, HEAD_DIM=d, K_FMT=a.k_fmt, K_NG=k_ng,
         V_FMT=a.v_fmt, V_NG=d // view.spec.value.group_size, SOFTCAP=a.softcap,
         HAS_LENS=a.lengths is not None, ASM=not interpreting(), num_warps=1,
         num_stages=cfg.num_stages, **pdl_options("attention", q, cfg),
@@ -211,7 +212,8 @@ def _launch_swap_triton(a: _Args, part: tuple) -> None:
 
 def _launch_swap_gluon(a: _Args, part: tuple) -> None:
     """decode_swap_gluon.py: scales and biases as 32-bit words (one slot's lo / hi pair;
-    `swap_reason` checked their alignment), V codes as uint16 pairs."""
+    `swap_reason` checked their alignment), V codes as uint16 pairs; int4-c64 keys' block
+    metadata as stored (`[slots / 64, D]` per head, model dtype)."""
     import triton.experimental.gluon.language as gl
 
     q, view, cfg, lengths = a.q, a.view, a.cfg, a.lengths
@@ -219,6 +221,9 @@ def _launch_swap_gluon(a: _Args, part: tuple) -> None:
     kc, ks, kb = storage_parts(view.k)
     vc, vs, vb = storage_parts(view.v)
     words = [t.view(torch.int32)[..., 0] for t in (ks, kb, vs, vb)]
+    kc64 = a.k_fmt == 4
+    if kc64:
+        words[:2] = ks, kb
     vc16 = vc.view(torch.int16)
     gluon_swap_kernel()[(b * h_kv, cfg.num_splits)](
         q, *part, kc, vc16, *words,
@@ -227,7 +232,7 @@ def _launch_swap_gluon(a: _Args, part: tuple) -> None:
         *vc16.stride()[:3], *words[2].stride()[:2],
         G=q.shape[1] // h_kv, D=view.head_dim, STAGES=cfg.num_stages,
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
-        INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None,
+        INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, KC64=kc64,
         num_warps=1, **pdl_options("attention", q, cfg),
     )
 

@@ -8,13 +8,13 @@ Decode (L <= 16 query rows, G * L <= 128):
   G * L <= 16 on a cache decode_warp.py serves:
     fp8 K and V                 → warp, 16-slot tiles (15% faster than 32)
     float K and V               → warp, 4 programs per SM (5-15% faster than 8)
-    int8 / int4 the Gluon kernel serves (G * L <= 4, group 64, D 128, no soft-cap / masks)
+    int8 / int4 the Gluon kernel serves (G * L <= 4, group 64, D 128, no soft-cap / masks;
+    also int4-c64 keys beside int4 g64 values, q4's body)
                                 → swap (slots as the MMA's M, no padded query rows:
                                   10-20% faster than warp)
     int8 K and V                → warp, two pipeline stages (8% faster than three)
-    int4-c64 keys               → warp, defaults (the swap kernels read per-slot
-                                  scales only)
-    otherwise                   → warp, defaults
+    otherwise (int4-c64 keys with other values too)
+                                → warp, defaults
   otherwise                     → tile (decode.py: up to 128 packed rows, 4-8 warps)
 Prefill (longer chunks): tiles by query dtype and head dim (`_prefill_config`).
 """
@@ -29,7 +29,7 @@ import triton
 
 from kvtax.attention.support import gluon_swap_reason, half_width, is_int4, warp_reason
 from kvtax.attention.view import CacheView
-from kvtax.formats import AffineFormat, FP8Format
+from kvtax.formats import AffineFormat, ChannelBlockFormat, FP8Format
 
 MAX_DECODE_ROWS = 16  # query rows served by the decode kernels
 MAX_DECODE_TILE = 128  # G * L rows packed into one decode program
@@ -142,14 +142,20 @@ def swap_decode_config(
 ) -> LaunchConfig:
     """decode_swap's launch: one warp per program, 32-slot steps, two stages, `per_sm`
     programs per SM (default 12 for int4 K and V, the most the Gluon kernel's registers
-    allow, else 8), splits of >= 4 steps.
+    allow, else 8; int4-c64 keys beside int4 values: 12 in fp16 (168 registers on sm_90,
+    Triton 3.6 and 3.9), 8 in bf16 (206-236: the block vectors' conversions to fp16)),
+    splits of >= 4 steps.
 
     Under programmatic dependent launch (kvtax.pdl) the kernel launches early only where
     its grid fills every SM at 12 per SM (a smaller grid launched early lands unevenly
     and the next kernels' early programs cost it time), and lets the reduce go first
     thing only then, else at its end (docs/KERNELS.md)."""
     if per_sm is None:
-        per_sm = 12 if all(is_int4(f) for f in (view.spec.key, view.spec.value)) else 8
+        key, value = view.spec.key, view.spec.value
+        if isinstance(key, ChannelBlockFormat):
+            per_sm = 12 if is_int4(value) and q.dtype == torch.float16 else 8
+        else:
+            per_sm = 12 if is_int4(key) and is_int4(value) else 8
     programs = q.shape[0] * view.num_kv_heads
     splits = _splits(view, q, lengths, 32, per_sm, 4, 1024, programs)
     full_grid = splits == max(1, per_sm * sm_count(q.device) // programs)

@@ -124,7 +124,9 @@ def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     """None when decode_swap.py serves this call: G * L <= 4 fp16 / bf16 query rows, a
     full cache (no ring, window or sinks), head_dim 64 / 128 / 256, int8 or int4 K and V
     with one scale group per row or per half row, packed scale rows (pairs of 16-bit
-    values 4-byte aligned when two groups), V code rows 2-byte aligned."""
+    values 4-byte aligned when two groups), V code rows 2-byte aligned. Keys may also be
+    int4-c64 (block metadata as `channel_keys_reason` takes it; a 32-slot step lies in
+    one 64-slot block)."""
     n_q, h_q, d = q.shape[2], q.shape[1], view.head_dim
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"queries are {q.dtype}"
@@ -134,7 +136,15 @@ def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
         return "ring / window / sinks"
     if d not in (64, 128, 256):
         return f"head_dim {d} not in (64, 128, 256)"
+    if isinstance(view.spec.key, ChannelBlockFormat):
+        if view.spec.key.n_bits != 4:
+            return f"key format {view.spec.key} is not int8 / int4 / int4-c64"
+        reason = channel_keys_reason(view)
+        if reason is not None:
+            return reason
     for part, fmt, qt in (("key", view.spec.key, view.k), ("value", view.spec.value, view.v)):
+        if part == "key" and isinstance(fmt, ChannelBlockFormat):
+            continue
         if not isinstance(fmt, AffineFormat) or fmt.n_bits not in (4, 8):
             return f"{part} format {fmt} is not int8 / int4"
         if fmt.group_size < d // 2:
@@ -170,8 +180,10 @@ def gluon_swap_kernel():
 def gluon_swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     """None when decode_swap_gluon.py serves this call (the CUDA path of kernel "swap"):
     `swap_reason`'s cases with int8 or int4 in groups of 64 for both K and V at head_dim
-    128, packed code rows, scales in the queries' dtype, compiled (not interpreted)
-    Triton with Gluon. Otherwise kernel "swap" runs decode_swap.py, its Triton twin."""
+    128 (or int4-c64 keys beside int4 g64 values, their block metadata 16-byte aligned
+    per head for its cp.async copies), packed code rows, scales in the queries' dtype,
+    compiled (not interpreted) Triton with Gluon. Otherwise kernel "swap" runs
+    decode_swap.py, its Triton twin."""
     if interpreting():
         return "Gluon kernels do not run in Triton's interpreter"
     if torch.version.hip is not None:
@@ -182,8 +194,14 @@ def gluon_swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     if reason is not None:
         return reason
     k, v = view.spec.key, view.spec.value
-    if view.head_dim != 128 or k.n_bits != v.n_bits or k.group_size != 64 or v.group_size != 64:
-        return "Gluon swap serves int8 / int4 K and V alike, group 64, head_dim 128"
+    k_group = 64 if isinstance(k, ChannelBlockFormat) else k.group_size
+    if view.head_dim != 128 or k.n_bits != v.n_bits or k_group != 64 or v.group_size != 64:
+        return ("Gluon swap serves int8 / int4 K and V alike (or int4-c64 keys beside "
+                "int4 values), group 64, head_dim 128")
+    if isinstance(k, ChannelBlockFormat):
+        meta = (view.k.scales, view.k.biases)
+        if any(t.data_ptr() % 16 or any(st % 16 for st in t.stride()[:2]) for t in meta):
+            return "int4-c64 key metadata is not 16-byte aligned per head"
     row = 128 if k.n_bits == 8 else 64
     for qt in (view.k, view.v):
         if qt.codes.shape[-1] != row or qt.codes.stride(-1) != 1:

@@ -5,7 +5,7 @@ Single-warp split-KV decode with the slots as the MMA's M ("swapped"), for int8 
 Same grid and partials as `decode_warp.py` (`(B * H_kv, num_splits)` one-warp programs,
 split s taking tiles s, s + S, ...; `reduce.py` merges the splits), for the common decode
 case: a full cache, G * L <= 4 query rows per KV head, integer K and V with at most one
-scale group per half row.
+scale group per half row, or int4-c64 keys (one scale vector per 64-slot block).
 
 Why swapped. decode_warp computes scores as Q [16 rows, D] @ K^T: mma.sync's M = 16 rows,
 of which G * L = 4 are real at Llama's GQA, so three quarters of the score tile, of the
@@ -40,7 +40,9 @@ transposed, split into even-dim and odd-dim operands; output dims are interleave
 at the store.
 
 Formats (FMT): 1 int8, 2 int4 (split halves: byte j holds dim j in its low nibble and
-dim j + D/2 in its high one). NG: scale groups per row (1 or 2; 2 = one per half).
+dim j + D/2 in its high one), 4 int4-c64 keys (int4's codes; one scale and bias vector
+per 64-slot block, folded into the queries: `_block_scores`). NG: scale groups per row
+(1 or 2; 2 = one per half; unused for int4-c64).
 """
 
 import triton
@@ -65,8 +67,9 @@ def _x(c):
 @triton.jit
 def _k_halves(byte_lo, byte_hi, FMT: tl.constexpr, ASM: tl.constexpr):
     """K code tiles -> (lo-half, hi-half) fp16 operands of 1024 + c. int8: byte_lo /
-    byte_hi are the two halves' bytes; int4: byte_lo holds both (byte_hi unused)."""
-    if FMT == 2:
+    byte_hi are the two halves' bytes; int4 (and int4-c64): byte_lo holds both (byte_hi
+    unused)."""
+    if FMT == 2 or FMT == 4:
         if ASM:
             lo, hi = tl.inline_asm_elementwise(
                 asm=_X4_ASM, constraints="=r,=r,=r,=r,r", args=[byte_lo],
@@ -142,6 +145,50 @@ def _meta(p_s, p_b, slot, m, s_mt, NG: tl.constexpr):
 
 
 @triton.jit
+def _block_meta(p_s, p_b, start, length, HEAD_DIM: tl.constexpr):
+    """int4-c64 scale and bias vectors of the 64-slot block holding slot `start` (a
+    32-slot step starts at a multiple of 32, so it lies in one block): (s_lo, b_lo, s_hi,
+    b_hi), [D/2] each in the model dtype; zeros when `start` is past `length` (the
+    prefetch after the last step). Per head the metadata is [slots / 64, D] row-major."""
+    DH: tl.constexpr = HEAD_DIM // 2
+    o_d = tl.arange(0, DH)
+    p = (start // 64).to(tl.int64) * HEAD_DIM + o_d
+    m = (o_d * 0 + start) < length  # [D/2]: the whole vector or nothing
+    s_lo = tl.load(p_s + p, mask=m, other=0.0)
+    b_lo = tl.load(p_b + p, mask=m, other=0.0)
+    s_hi = tl.load(p_s + p + DH, mask=m, other=0.0)
+    b_hi = tl.load(p_b + p + DH, mask=m, other=0.0)
+    return s_lo, b_lo, s_hi, b_hi
+
+
+@triton.jit
+def _block_scores(a0_lo, a0_hi, a1_lo, a1_hi, bq_lo0, bq_lo1, bq_hi0, bq_hi1, kmeta, col,
+                  qk_scale, HEAD_DIM: tl.constexpr):
+    """Scaled scores S^T [16, 8] of a step of int4-c64 keys (K operands 1024 + c, both
+    streams in one block), decode_swap_gluon's `_block_scores` formulas:
+    q.(s c + b) = (q s).(1024 + c) + q.b - 1024 sum(q s). The block's s goes into the
+    query operand (rounded once to fp16), so the codes enter the dots as plain int4's do;
+    q.b and the offset are dots of b broadcast and of -1024 (exact in fp16), so every term
+    lands in the score tile's layout, and the offset cancels against the same rounded q s.
+    Each stream's codes meet q s in all 8 columns; the tile keeps each stream's own."""
+    DH: tl.constexpr = HEAD_DIM // 2
+    s_lo, b_lo, s_hi, b_hi = kmeta
+    q_lo = bq_lo0 + bq_lo1  # q in all 8 columns (the block-diagonal halves), exact
+    q_hi = bq_hi0 + bq_hi1
+    qs_lo = q_lo * s_lo.to(tl.float16)[:, None]  # [D/2, 8]
+    qs_hi = q_hi * s_hi.to(tl.float16)[:, None]
+    off = tl.full((16, DH), -1024.0, tl.float16)
+    ab_lo = tl.broadcast_to(b_lo.to(tl.float16)[None, :], (16, DH))
+    ab_hi = tl.broadcast_to(b_hi.to(tl.float16)[None, :], (16, DH))
+    zs = tl.zeros([16, 8], dtype=tl.float32)
+    t_b = tl.dot(ab_hi, q_hi, tl.dot(ab_lo, q_lo, zs))
+    t_off = tl.dot(off, qs_hi, tl.dot(off, qs_lo, zs))
+    d0 = tl.dot(a0_hi, qs_hi, tl.dot(a0_lo, qs_lo, zs))  # stream 0's slots, every column
+    d1 = tl.dot(a1_hi, qs_hi, tl.dot(a1_lo, qs_lo, zs))
+    return (tl.where((col < 4)[None, :], d0, d1) + (t_off + t_b)) * qk_scale
+
+
+@triton.jit
 def _tiles(p_kc, p_vc, slot0, length, s_kc_t, s_vc_t, HEAD_DIM: tl.constexpr,
            K_FMT: tl.constexpr, V_FMT: tl.constexpr, MASKED: tl.constexpr):
     """One stream's 16 slots from slot0: K bytes (lo, hi; int4: both halves in lo) as
@@ -192,7 +239,8 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
           V_FMT: tl.constexpr, V_NG: tl.constexpr, SOFTCAP: tl.constexpr,
           ASM: tl.constexpr, MASKED: tl.constexpr):
     """One 32-slot step at `start` (two 16-slot streams). This step's metadata comes in
-    (kmeta, vmeta: (s_lo, b_lo, s_hi, b_hi) tuples of [16, 8]); the next step's goes out.
+    (kmeta, vmeta: (s_lo, b_lo, s_hi, b_hi) tuples of [16, 8]; int4-c64 keys: of the
+    block's [D/2] vectors); the next step's goes out.
 
     Over 80 lines: one step's loads, scores, masks, softmax and P @ V share ~20 values
     that a split would thread through helpers of as many arguments.
@@ -204,21 +252,28 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
     # next step's metadata, loaded a step ahead (plain loads the pipeliner does not stage)
     nslot = start + step + moff
     nm = nslot < length
-    nk = _meta(p_ks, p_kb, nslot, nm, s_km_t, K_NG)
+    if K_FMT == 4:
+        nk = _block_meta(p_ks, p_kb, start + step, length, HEAD_DIM)
+    else:
+        nk = _meta(p_ks, p_kb, nslot, nm, s_km_t, K_NG)
     nv = _meta(p_vs, p_vb, nslot, nm, s_vm_t, V_NG)
-    ks_lo, kb_lo, ks_hi, kb_hi = kmeta
     vs_lo, vb_lo, vs_hi, vb_hi = vmeta
 
     # ---- scores S^T [16, 8]: column c is stream c // 4, row c % 4
-    zs = tl.zeros([16, 8], dtype=tl.float32)
     a0_lo, a0_hi = _k_halves(k0_lo, k0_hi, K_FMT, ASM)
     a1_lo, a1_hi = _k_halves(k1_lo, k1_hi, K_FMT, ASM)
-    d_lo = tl.dot(a1_lo, bq_lo1, tl.dot(a0_lo, bq_lo0, zs))
-    d_hi = tl.dot(a1_hi, bq_hi1, tl.dot(a0_hi, bq_hi0, zs))
-    # int4 codes enter as 1024 + n for both halves (the hi nibble shifted down)
-    sc = (d_lo * (ks_lo * qk_scale) + d_hi * (ks_hi * qk_scale)
-          + qs_lo[None, :] * ((kb_lo - 1024.0 * ks_lo) * qk_scale)
-          + qs_hi[None, :] * ((kb_hi - 1024.0 * ks_hi) * qk_scale))
+    if K_FMT == 4:
+        sc = _block_scores(a0_lo, a0_hi, a1_lo, a1_hi, bq_lo0, bq_lo1, bq_hi0, bq_hi1,
+                           kmeta, col, qk_scale, HEAD_DIM)
+    else:
+        ks_lo, kb_lo, ks_hi, kb_hi = kmeta
+        zs = tl.zeros([16, 8], dtype=tl.float32)
+        d_lo = tl.dot(a1_lo, bq_lo1, tl.dot(a0_lo, bq_lo0, zs))
+        d_hi = tl.dot(a1_hi, bq_hi1, tl.dot(a0_hi, bq_hi0, zs))
+        # int4 codes enter as 1024 + n for both halves (the hi nibble shifted down)
+        sc = (d_lo * (ks_lo * qk_scale) + d_hi * (ks_hi * qk_scale)
+              + qs_lo[None, :] * ((kb_lo - 1024.0 * ks_lo) * qk_scale)
+              + qs_hi[None, :] * ((kb_hi - 1024.0 * ks_hi) * qk_scale))
     if SOFTCAP:
         sc = cap_log2 * tanh(sc)
     if MASKED:
@@ -353,7 +408,10 @@ def decode_swap_kernel(
     full_end = (length - n_q + 1) // BN * BN  # every row sees every slot below this
     first_slot = off + moff
     mk = first_slot < length
-    kmeta = _meta(p_ks, p_kb, first_slot, mk, s_km_t, K_NG)
+    if K_FMT == 4:
+        kmeta = _block_meta(p_ks, p_kb, off, length, HEAD_DIM)
+    else:
+        kmeta = _meta(p_ks, p_kb, first_slot, mk, s_km_t, K_NG)
     vmeta = _meta(p_vs, p_vb, first_slot, mk, s_vm_t, V_NG)
     for start in range(off, full_end, step):
         (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,

@@ -1,7 +1,9 @@
 """Gluon version of decode_swap.py for the CUDA path: the same algorithm (slots as the
 MMA's M, two 4-row streams per 32-slot step, block-diagonal Q, folded scales, streams
 merged at the end of the split) with explicit layouts, for int8 or int4 K and V in
-groups of 64 at head_dim 128, G * L <= 4, full caches.
+groups of 64 at head_dim 128, G * L <= 4, full caches; and for int4-c64 keys (KC64: one
+scale and bias vector per 64-slot block, folded into the queries, `_block_scores`) beside
+int4 g64 values.
 
 Why a second implementation. Triton picks the layouts of decode_swap.py itself: it moves
 P and the operands through shared memory (~770 instructions per 32-slot step, ~250
@@ -14,11 +16,13 @@ P reaches its operand layout through warp shuffles. H200, 128k, one Llama-3.1-8B
 
 Gluon does not run in Triton's interpreter, so CI cannot execute this kernel:
 decode_swap.py is its twin (every formula the same) and runs there; this file is checked
-on the GPU (tests/attention/test_kernels_swap_gpu.py) and compiled for sm_90 by
-benchmarks/compile_check.py. Works on Triton 3.6 (the H200 image) and 3.9.
+on the GPU (tests/attention/test_kernels_swap_gpu.py; int4-c64 keys:
+test_kernels_channel_swap_gpu.py) and compiled for sm_90 by benchmarks/compile_check.py.
+Works on Triton 3.6 (the H200 image) and 3.9.
 
 Codes: K as fp16 1024 + c (offset folded into the bias); V centered (c - 128, int4
-c - 8); scales and biases read as 32-bit words (the lo- and hi-half values of a slot).
+c - 8); scales and biases read as 32-bit words (the lo- and hi-half values of a slot);
+int4-c64 key metadata copied by cp.async beside the codes, one [D] vector each per step.
 """
 
 from triton.experimental import gluon
@@ -92,7 +96,8 @@ def _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16, tile, lengt
            s_kc_t, s_vc_t, STAGES: gl.constexpr, i, BN: gl.constexpr, KB: gl.constexpr,
            VP: gl.constexpr):
     """cp.async of one step's K codes [BN, KB] uint8 and V pairs [BN, VP] uint16 into
-    stage i % STAGES (16 B per lane per copy; slots >= length zero-fill), one group."""
+    stage i % STAGES (16 B per lane per copy; slots >= length zero-fill); the caller
+    commits the group."""
     s = i % STAGES
     slot8 = tile * BN + rows8
     _cp_async(k_smem.index(s), p_kc + slot8.to(gl.int64)[:, None] * s_kc_t + cols8[None, :],
@@ -100,7 +105,55 @@ def _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16, tile, lengt
     slot16 = tile * BN + rows16
     _cp_async(v_smem.index(s), p_vc + slot16.to(gl.int64)[:, None] * s_vc_t + cols16[None, :],
               mask=(slot16 < length)[:, None] & (cols16 < VP)[None, :])
-    async_copy.commit_group()
+
+
+@gluon.jit
+def _issue_block(ks_smem, kb_smem, p_ks, p_kb, dims, tile, length, STAGES: gl.constexpr, i,
+                 BN: gl.constexpr, D: gl.constexpr):
+    """cp.async of the int4-c64 scale and bias vectors [D] of the 64-slot block holding
+    step `tile` (its 32 slots lie in one block) into stage i % STAGES; zeros for a step
+    past `length` (storage is block-aligned, so a step with a slot below it has its block)."""
+    s = i % STAGES
+    off = (tile * BN // 64).to(gl.int64) * D + dims
+    ok = (dims * 0 + tile * BN) < length
+    _cp_async(ks_smem.index(s), p_ks + off, mask=ok)
+    _cp_async(kb_smem.index(s), p_kb + off, mask=ok)
+
+
+@gluon.jit
+def _block_scores(k_st, ks_st, kb_st, q_lo, q_hi, first, qk_scale, ka_l: gl.constexpr,
+                  qb_l: gl.constexpr, mma: gl.constexpr, SUB: gl.constexpr,
+                  DH: gl.constexpr, NC: gl.constexpr):
+    """Scaled scores S^T [16, 8] of one step of int4-c64 keys (codes k_st [32, D/2] uint8,
+    the block's scale and bias vectors ks_st, kb_st [D] in shared memory; q_lo, q_hi
+    [D/2, 8] fp16, q in all 8 columns; first [1, 8] True in stream 0's columns):
+    q.(s c + b) = (q s).(1024 + c) + q.b - 1024 sum(q s).
+    The block's s goes into the query operand (q s rounded once to fp16: 16 values a lane
+    per half instead of scaling 64 codes a lane), so the codes enter the MMA as plain
+    int4's do; q.b and the offset are MMAs of b broadcast and of -1024 (exact in fp16), so
+    every term lands in the accumulator's layout without shuffles, and the offset cancels
+    against the same rounded q s the codes meet. Each stream's codes meet q s in all 8
+    columns and the score tile keeps stream 0's columns from the first product, stream 1's
+    from the second: 4 selects a lane, where block-diagonal operands (q s times the
+    column masks) took 32 HMUL2."""
+    s_lo = ks_st.slice(0, DH).load(gl.SliceLayout(1, qb_l)).to(gl.float16)
+    s_hi = ks_st.slice(DH, DH).load(gl.SliceLayout(1, qb_l)).to(gl.float16)
+    b_lo = kb_st.slice(0, DH).load(gl.SliceLayout(0, ka_l)).to(gl.float16)
+    b_hi = kb_st.slice(DH, DH).load(gl.SliceLayout(0, ka_l)).to(gl.float16)
+    qs_lo = q_lo * s_lo[:, None]  # [D/2, 8]
+    qs_hi = q_hi * s_hi[:, None]
+    off = gl.full([SUB, DH], -1024.0, gl.float16, ka_l)
+    ab_lo, _ = gl.broadcast(b_lo[None, :], off)  # [16, D/2]: every row b
+    ab_hi, _ = gl.broadcast(b_hi[None, :], off)
+    # four independent accumulations (two dots deep each, as plain int4's two), summed in fp32
+    zs = gl.zeros([SUB, NC], gl.float32, mma)
+    t_b = mma_v2(ab_hi, q_hi, mma_v2(ab_lo, q_lo, zs))
+    t_off = mma_v2(off, qs_hi, mma_v2(off, qs_lo, zs))
+    a0_lo, a0_hi = _x4(k_st.slice(0, SUB, 0).load(ka_l))
+    a1_lo, a1_hi = _x4(k_st.slice(SUB, SUB, 0).load(ka_l))
+    d0 = mma_v2(a0_hi, qs_hi, mma_v2(a0_lo, qs_lo, zs))  # stream 0's slots, every column
+    d1 = mma_v2(a1_hi, qs_hi, mma_v2(a1_lo, qs_lo, zs))
+    return (gl.where(first, d0, d1) + (t_off + t_b)) * qk_scale
 
 
 @gluon.jit
@@ -118,11 +171,13 @@ def decode_swap_gluon_kernel(
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
     INT4: gl.constexpr, HAS_LENS: gl.constexpr,
-    PDL: gl.constexpr = False, PDL_LATE: gl.constexpr = False,
+    PDL: gl.constexpr = False, PDL_LATE: gl.constexpr = False, KC64: gl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
-    ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT).
+    ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT);
+    with KC64, ksw / kbw are the keys' block scales / biases in MDT, [slots / 64, D] per
+    (batch, head) (s_km_b, s_km_h in MDT elements).
     Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4).
 
     Over 80 lines: the shared-memory ring and its cp.async issue / wait / consume span the
@@ -206,15 +261,27 @@ def decode_swap_gluon_kernel(
     cols16 = gl.arange(0, VP, layout=gl.SliceLayout(0, ld16))
     p_kc = kc + b * s_kc_b + h * s_kc_h
     p_vc = vc + b * s_vc_b + h * s_vc_h
+    if KC64:  # the block vectors ride in the ring beside the codes
+        mvec: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                                     order=[0])
+        ks_smem = gl.allocate_shared_memory(MDT, [STAGES, D], mvec)
+        kb_smem = gl.allocate_shared_memory(MDT, [STAGES, D], mvec)
+        dims = gl.arange(0, D, layout=gl.BlockedLayout([D // 32], [32], [1], [0]))
+        first_s = (mc < 4)[None, :]  # [1, 8] in the scores' layout: stream 0's columns
     for j in gl.static_range(STAGES - 1):  # tiles past n_my lie past length: zero-filled
         _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
                split + j * num_splits, length, s_kc_t, s_vc_t, STAGES, j, BN, KB, VP)
+        if KC64:
+            _issue_block(ks_smem, kb_smem, p_ksw, p_kbw, dims, split + j * num_splits,
+                         length, STAGES, j, BN, D)
+        async_copy.commit_group()
 
     # metadata of step 0 (registers, one step ahead)
     slot_m = split * BN + moff
     mm = slot_m < length
-    ksw_n = gl.load(p_ksw + slot_m, mask=mm, other=0)
-    kbw_n = gl.load(p_kbw + slot_m, mask=mm, other=0)
+    if not KC64:
+        ksw_n = gl.load(p_ksw + slot_m, mask=mm, other=0)
+        kbw_n = gl.load(p_kbw + slot_m, mask=mm, other=0)
     vsw_n = gl.load(p_vsw + slot_m, mask=mm, other=0)
     vbw_n = gl.load(p_vbw + slot_m, mask=mm, other=0)
 
@@ -241,20 +308,28 @@ def decode_swap_gluon_kernel(
         _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
                tile + (STAGES - 1) * num_splits, length, s_kc_t, s_vc_t, STAGES,
                i + STAGES - 1, BN, KB, VP)
-        ksw_c = ksw_n
-        kbw_c = kbw_n
+        if KC64:
+            _issue_block(ks_smem, kb_smem, p_ksw, p_kbw, dims, tile + (STAGES - 1) * num_splits,
+                         length, STAGES, i + STAGES - 1, BN, D)
+        async_copy.commit_group()
         vsw_c = vsw_n
         vbw_c = vbw_n
         slot_m = (tile + num_splits) * BN + moff
         mm = slot_m < length
-        ksw_n = gl.load(p_ksw + slot_m, mask=mm, other=0)
-        kbw_n = gl.load(p_kbw + slot_m, mask=mm, other=0)
+        if not KC64:
+            ksw_c = ksw_n
+            kbw_c = kbw_n
+            ksw_n = gl.load(p_ksw + slot_m, mask=mm, other=0)
+            kbw_n = gl.load(p_kbw + slot_m, mask=mm, other=0)
         vsw_n = gl.load(p_vsw + slot_m, mask=mm, other=0)
         vbw_n = gl.load(p_vbw + slot_m, mask=mm, other=0)
 
         # ---- scores S^T [16, 8]: two streams through block-diagonal Q
         k_st = k_smem.index(s)
-        if INT4:  # one byte tile per stream holds both halves
+        if KC64:
+            sc = _block_scores(k_st, ks_smem.index(s), kb_smem.index(s), q_lo, q_hi, first_s,
+                               qk_scale, ka_l, qb_l, mma, SUB, DH, NC)
+        elif INT4:  # one byte tile per stream holds both halves
             a0_lo, a0_hi = _x4(k_st.slice(0, SUB, 0).load(ka_l))
             a1_lo, a1_hi = _x4(k_st.slice(SUB, SUB, 0).load(ka_l))
             d_lo = mma_v2(a1_lo, bq_lo1, mma_v2(a0_lo, bq_lo0, zs))
@@ -266,11 +341,12 @@ def decode_swap_gluon_kernel(
             d_hi = mma_v2(_x8(k_st.slice(0, SUB, 0).slice(DH, DH, 1).load(ka_l)), bq_hi0, zs)
             d_hi = mma_v2(_x8(k_st.slice(SUB, SUB, 0).slice(DH, DH, 1).load(ka_l)), bq_hi1,
                           d_hi)
-        ks_lo, ks_hi = _halves(ksw_c, MDT)
-        kb_lo, kb_hi = _halves(kbw_c, MDT)
-        sc = (d_lo * (ks_lo * qk_scale) + d_hi * (ks_hi * qk_scale)
-              + qs_lo[None, :] * ((kb_lo - 1024.0 * ks_lo) * qk_scale)
-              + qs_hi[None, :] * ((kb_hi - 1024.0 * ks_hi) * qk_scale))
+        if not KC64:
+            ks_lo, ks_hi = _halves(ksw_c, MDT)
+            kb_lo, kb_hi = _halves(kbw_c, MDT)
+            sc = (d_lo * (ks_lo * qk_scale) + d_hi * (ks_hi * qk_scale)
+                  + qs_lo[None, :] * ((kb_lo - 1024.0 * ks_lo) * qk_scale)
+                  + qs_hi[None, :] * ((kb_hi - 1024.0 * ks_hi) * qk_scale))
         vis = (tile * BN + moff) <= q_pos[None, :]
         sc = gl.where(vis, sc, float("-inf"))
 
