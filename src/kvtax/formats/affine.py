@@ -85,15 +85,8 @@ class AffineFormat(KVFormat):
         d = x.shape[-1]
         self.check(d)
         g = x.float().unflatten(-1, (d // self.group_size, self.group_size))
-        lo, hi = g.amin(-1), g.amax(-1)
-        # Round scale/bias to the stored dtype first, then encode against the rounded
-        # values, so dequantize reproduces exactly what the codes were chosen for.
-        scale = ((hi - lo) / self.levels).to(x.dtype)
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        bias = lo.to(x.dtype)
-        q = ((g - bias.float().unsqueeze(-1)) / scale.float().unsqueeze(-1)).round_()
-        q = q.clamp_(0, self.levels).to(torch.uint8).flatten(-2)
-        return QTensor(pack(q, self.n_bits), scale.contiguous(), bias.contiguous())
+        q, scale, bias = affine_encode(g, -1, self.levels, x.dtype)
+        return QTensor(pack(q.flatten(-2), self.n_bits), scale.contiguous(), bias.contiguous())
 
     def dequantize(self, q: QTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         assert q.scales is not None and q.biases is not None
@@ -102,6 +95,21 @@ class AffineFormat(KVFormat):
         g = codes.to(torch.float32).unflatten(-1, (d // self.group_size, self.group_size))
         x = g * q.scales.float().unsqueeze(-1) + q.biases.float().unsqueeze(-1)
         return x.flatten(-2).to(dtype)
+
+
+def affine_encode(g: torch.Tensor, dim: int, levels: int, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MLX's affine code of float32 `g` over its axis `dim` (a group): uint8 codes shaped
+    like g, and scale, bias (g without `dim`) in `dtype`: scale = (max - min) / levels
+    (1 where a group is constant), bias = min. Scale and bias are rounded to `dtype` first
+    and the codes chosen against the rounded values, so dequantize reproduces exactly what
+    the codes were chosen for."""
+    lo, hi = g.amin(dim), g.amax(dim)
+    scale = ((hi - lo) / levels).to(dtype)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    bias = lo.to(dtype)
+    q = ((g - bias.float().unsqueeze(dim)) / scale.float().unsqueeze(dim)).round_()
+    return q.clamp_(0, levels).to(torch.uint8), scale, bias
 
 
 def _largest_divisor(head_dim: int) -> int:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from kvtax.errors import FormatError
+from kvtax.formats.affine import affine_encode
 from kvtax.formats.base import KVFormat, QTensor
 from kvtax.formats.packing import pack, packed_width, unpack
 
@@ -89,15 +90,8 @@ class ChannelBlockFormat(KVFormat):
             raise FormatError(f"{self.name} quantizes whole blocks of {self.block} tokens, "
                               f"got {t}")
         g = x.float().unflatten(-2, (t // self.block, self.block))  # [..., nb, BLOCK, D]
-        lo, hi = g.amin(-2), g.amax(-2)                              # [..., nb, D]
-        # Round scale/bias to the stored dtype first, then encode against the rounded values
-        # (as AffineFormat does), so dequantize reproduces what the codes were chosen for.
-        scale = ((hi - lo) / self.levels).to(x.dtype)
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        bias = lo.to(x.dtype)
-        c = ((g - bias.float().unsqueeze(-2)) / scale.float().unsqueeze(-2)).round_()
-        c = c.clamp_(0, self.levels).to(torch.uint8).flatten(-3, -2)  # [..., T, D]
-        codes = pack(c, self.n_bits)
+        c, scale, bias = affine_encode(g, -2, self.levels, x.dtype)  # scale [..., nb, D]
+        codes = pack(c.flatten(-3, -2), self.n_bits)                 # from [..., T, D]
         rows = (*lead, t, d // self.block)
         return QTensor(codes.contiguous(), scale.reshape(rows).contiguous(),
                        bias.reshape(rows).contiguous())
