@@ -123,7 +123,8 @@ def parse_format(name: str | KVFormat) -> KVFormat:
     if base not in FORMAT_NAMES:
         raise FormatError(
             f"unknown KV format {name!r}; valid formats: {', '.join(FORMAT_NAMES)} "
-            "(int formats take a group suffix such as int4-g32), or a K/V pair like k8v4"
+            "(int formats take a group suffix such as int4-g32), a K/V pair like k8v4, "
+            "or a short name: q8, q4, q3"
         )
     assert m is not None
     group = m["group"]
