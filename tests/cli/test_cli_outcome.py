@@ -87,3 +87,15 @@ def test_locate_and_model_config(tmp_path):
           "max_position_embeddings": 1234}
     (tmp_path / "config.json").write_text(json.dumps(hf))
     assert model_config(tmp_path).max_position_embeddings == 1234
+
+
+def test_quality_context_at_the_models_maximum_is_in_range():
+    # A context of c feeds c input tokens; the (c+1)-th is only a target, so the
+    # model's own maximum (8,192 for tiny) is a valid --contexts and one more is not.
+    from kvtax.cli import build_parser
+    from kvtax.cli.quality import check
+
+    parse = build_parser().parse_args
+    assert check(parse(["quality", "--model", "tiny", "--contexts", "8k"])) == [8192]
+    with pytest.raises(OptionError, match="context 8,193 is past tiny's maximum of 8,192"):
+        check(parse(["quality", "--model", "tiny", "--contexts", "8193"]))

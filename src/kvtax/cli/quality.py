@@ -112,7 +112,7 @@ def _command(args: argparse.Namespace, dtype: str) -> str:
     return shlex.join(words)
 
 
-def _check(args: argparse.Namespace) -> list[int]:
+def check(args: argparse.Namespace) -> list[int]:
     """Contexts, formats and model, refused before a model loads; [] on --resume."""
     from kvtax.cli.validate import (
         check_arms, check_contexts, check_formats, check_model, parse_contexts,
@@ -135,9 +135,9 @@ def _check(args: argparse.Namespace) -> list[int]:
         args.kv = ",".join(check_arms(args.kv))
         check_formats([args.baseline], "--baseline")
     if args.engine != "openai":  # a server's model is the server's business
-        # +1: each context scores the token after it.
-        check_contexts([c + 1 for c in contexts], check_model(args.model),
-                       args.allow_long_context)
+        # A context of c runs c input tokens (positions 0..c-1); the (c+1)-th token is only
+        # a target, so c = the model's maximum is in range (32k on a 32k model).
+        check_contexts(contexts, check_model(args.model), args.allow_long_context)
     return contexts
 
 
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     from kvtax.cli.validate import set_threads
     from kvtax.harness.quality.probe import QualityConfig, run_quality
 
-    contexts = _check(args)
+    contexts = check(args)
     set_threads(args.threads)
     engine = _stored_engine(args.resume) if args.resume else args.engine
     if engine != "kvtax":
