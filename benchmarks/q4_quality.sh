@@ -2,9 +2,9 @@
 # The quality evaluation of the recommended KV formats (docs/QUALITY.md's lead table): KL,
 # top-1 and perplexity delta against fp16 KV at 8k/16k/32k on the usual text and on the
 # held-out text (benchmarks/data/held_out_text.txt, never tuned on), and planted-fact recall
-# over 4 seeds, for q4, q3 and q8, on one model per call. Recall is the long part: on an H200
-# with four seeds sharing the GPU, fp16 + q4 over 8k-32k took ~4 min per seed, and q3 (no
-# 3-bit kernel yet: the torch reference path) over 5 min per seed at 32k alone.
+# over 4 seeds, for q4, q3 and q8, on one model per call. Recall is the long part: on an H200,
+# four seeds sharing the GPU ran fp16 + q4 at 8k-32k and q3 at 8k-16k in 500 s, and q3 at 32k
+# (no 3-bit kernel yet: the torch reference path) did not finish 8 facts in 330 s.
 #
 #   benchmarks/q4_quality.sh MODEL.gguf OUT_DIR [DEVICE]     # DEVICE: cuda (default) or cpu
 #
