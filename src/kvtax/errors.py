@@ -30,3 +30,8 @@ class OptionError(KVTaxError, ValueError):
 
 class ModelNotFoundError(KVTaxError, FileNotFoundError):
     """A --model that is neither a built-in config, a model folder, a .gguf file nor a hub id."""
+
+
+class TokenizerError(KVTaxError, ValueError):
+    """A tokenizer that cannot be what the model was trained with (e.g. a GGUF tokenizer
+    converted to one token per character)."""

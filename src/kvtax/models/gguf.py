@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from kvtax.models.tokenizer_check import check_tokenizer
+
 
 def is_gguf(source: str | os.PathLike[str]) -> bool:
     """True when `source` names a .gguf file (existing or not)."""
@@ -53,11 +55,12 @@ def gguf_folder(gguf: str | os.PathLike[str], cache_root: str | Path | None = No
     out = _cached_folder(gguf, cache_root)
     if (out / "model.safetensors").exists():
         return out
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    check_tokenizer(tok, gguf)  # before the slow part, and so a broken one is never cached
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                               dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     state = {k: v.detach().contiguous().clone() for k, v in hf.state_dict().items()}
     if hf.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # tied: the loader takes it from the embedding

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kvtax.models.decoder import DecoderModel
+from kvtax.models.tokenizer_check import check_tokenizer
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
@@ -50,6 +51,7 @@ class HFTokenizer:
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(str(folder))
+        check_tokenizer(self.tok, folder)  # also catches a folder converted by a bad release
         self.eos_token_id = self.tok.eos_token_id
 
     def encode(self, text: str) -> list[int]:

@@ -104,6 +104,7 @@ def load_hf(source: str, dtype: torch.dtype, device: torch.device,
 
     from kvtax.harness.bench.hf_quantized import build_hf_model
     from kvtax.models import get_config
+    from kvtax.models.tokenizer_check import check_tokenizer
 
     try:
         cfg = get_config(source)
@@ -120,6 +121,7 @@ def load_hf(source: str, dtype: torch.dtype, device: torch.device,
         where, extra = str(path.parent), {"gguf_file": path.name}
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **extra).to(device)
     tok = AutoTokenizer.from_pretrained(where, **extra)
+    check_tokenizer(tok, source)
     eos = eos_ids(tok.eos_token_id, model.generation_config.eos_token_id)
     return model.eval().requires_grad_(False), text_tokenizer(tok), eos, source
 

@@ -293,11 +293,14 @@ def _load_hf(source: str, path: Path, is_gguf: bool, dtype: torch.dtype,
              device: str) -> RecallModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from kvtax.models.tokenizer_check import check_tokenizer
+
     if is_gguf:
         where, extra = str(path.parent), {"gguf_file": path.name}
     else:
         where, extra = source, {}
     tok = AutoTokenizer.from_pretrained(where, **extra)
+    check_tokenizer(tok, source)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **extra).to(device).eval()
     eos = _eos_ids(tok.eos_token_id, model.generation_config.eos_token_id)
     return RecallModel(source, "hf", model, HFTextTokenizer(tok), eos)
