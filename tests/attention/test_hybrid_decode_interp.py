@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvtax.attention import dispatch as dispatch_mod
-from kvtax.attention import launch
+from kvtax.attention import launch, support
 from kvtax.attention.dispatch import attention, hybrid_decode_reason
 from kvtax.attention.kernels import decode, decode_swap, decode_warp, reduce
 from kvtax.attention.lse import attention_lse, merge_lse
@@ -48,7 +48,8 @@ def launches(monkeypatch):
         monkeypatch.setattr(fn, "run", lambda *a, **k: counts.__setitem__(
             kind, counts[kind] + 1) or original(*a, **k))
 
-    for fn in SPLIT_KERNELS:
+    gluon = support.gluon_swap_kernel()  # CUDA: q4's body runs there
+    for fn in (*SPLIT_KERNELS, *(() if isinstance(gluon, str) else (gluon,))):
         spy(fn, "split")
     spy(reduce.decode_attn_reduce_kernel, "reduce")
     if not ke.HAS_CUDA:

@@ -11,7 +11,7 @@ their row below and share one workspace and one reduce (`launch.launch_parts_dec
     float K and V               → warp, 4 programs per SM (5-15% faster than 8)
     int8 / int4 the Gluon kernel serves (G * L <= 4, group 64, D 128, no soft-cap or
     left padding; also int4-c64 keys beside int4 g64 values, q4's body, with the hybrid
-    cache's min_distance / min_key masks: 0.056 ms at 128k vs decode_warp's ~0.070)
+    cache's min_distance / min_key masks: whole q4 decode 0.065 ms at 128k, was 0.137)
                                 → swap (slots as the MMA's M, no padded query rows:
                                   10-20% faster than warp)
     int8 K and V                → warp, two pipeline stages (8% faster than three)
