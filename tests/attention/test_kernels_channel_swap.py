@@ -140,7 +140,7 @@ def test_launch_table_routes_k4c64v4_decode_to_the_gluon_kernel(compiled, dtype,
     assert (cfg.path, cfg.kernel, cfg.block_n) == ("decode", "swap", 32), cfg
     assert cfg == swap_decode_config(q, view, per_sm=per_sm)
     assert cfg.pdl_launch == (per_sm == 12)  # early only at 12 per SM on a full grid
-    # soft-capping and the hybrid cache's masks stay with decode_warp
+    # soft-capping and left padding stay with decode_warp (the hybrid masks do not)
     assert launch_config(q, view, softcap=True).kernel == "warp"
     assert launch_config(q, view, masked=True).kernel == "warp"
 

@@ -136,9 +136,9 @@ def test_gluon_c64_keys_far_from_zero(dtype):
 
 def test_lse_softcap_and_hybrid_masks():
     """triton_attention_lse without masks stays on the Gluon kernel (the reduce writes the
-    log-sum-exp); soft-capping runs decode_swap.py (the twin) under kernel "swap"; the
-    hybrid cache's masks (q4's body part at min_distance 128, min_key 4) go back to
-    decode_warp."""
+    log-sum-exp); soft-capping runs decode_swap.py (the twin) under kernel "swap"; left
+    padding goes back to decode_warp; the hybrid cache's masks (q4's body part at
+    min_distance 128, min_key 4) stay on the Gluon kernel, which applies them."""
     from tests.attention.test_kernels_lse_interp import check_lse
 
     q, view = _build(300, 4, 2, 1, torch.float16)
@@ -148,4 +148,5 @@ def test_lse_softcap_and_hybrid_masks():
     _check(q, view, "softcap", softcap=30.0)
     _check(q, view, "softcap via twin", softcap=30.0, config=ta.swap_decode_config(q, view))
     assert ta.launch_config(q, view, masked=True).kernel == "warp"
-    check_lse(q, view, min_distance=128, min_key=4, what="c64 body part")
+    check_lse(q, view, min_distance=128, min_key=4, what="c64 body part (Gluon)")
+    check_lse(q, view, min_distance=17, min_key=40, what="c64 masks past one step")

@@ -149,26 +149,33 @@ def _hybrid_run(spec, window, chunks, decode_steps, *, seed=0):
          "recent-only-int4@r5"],
 )
 def test_hybrid_cache_kernels_match_reference(spec, window, chunks, monkeypatch):
-    """HybridCache appended in chunks, then decoded: kernel path == reference path."""
-    calls = []
+    """HybridCache appended in chunks, then decoded: kernel path == reference path
+    (prompt chunks per part, decode steps fused: tests/attention/test_hybrid_decode_interp.py)."""
+    calls, fused = [], []
     real = triton_api.triton_attention_lse
+    real_fused = dispatch_mod.hybrid_decode
 
     def spy(*args, **kwargs):
         calls.append(kwargs.get("min_distance", 0) + kwargs.get("min_key", 0))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(triton_api, "triton_attention_lse", spy)
+    monkeypatch.setattr(dispatch_mod, "hybrid_decode",
+                        lambda *a, **k: fused.append(1) or real_fused(*a, **k))
     for step, (q, view) in enumerate(_hybrid_run(spec, window, chunks, 3)):
         with monkeypatch.context() as m:
             m.setattr(dispatch_mod, "kernel_unavailable", lambda *a: "forced reference")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the forced reference on CUDA warns
                 ref = hybrid_attention(q.float(), view)
-        m_calls = len(calls)
+        m_calls, m_fused = len(calls), len(fused)
         with monkeypatch.context() as m:
             m.setattr(dispatch_mod, "kernel_unavailable", lambda *a: None)  # CPU: interpreter
             got = hybrid_attention(q, view)
-        assert len(calls) == m_calls + len(view.parts), "every part should use the kernels"
+        if q.shape[2] <= 16:  # decode rows: one fused call
+            assert (len(calls), len(fused)) == (m_calls, m_fused + 1), "decode not fused"
+        else:
+            assert len(calls) == m_calls + len(view.parts), "every part should use the kernels"
         assert got.dtype == q.dtype
         atol, rel = TOLERANCE[q.dtype]
         ke.assert_close(got.float(), ref, atol=atol, rel_rms=rel, what=f"{spec} step {step}")

@@ -18,6 +18,7 @@ from kvtax.attention.hybrid import HybridPart, HybridView
 from kvtax.attention.lse import attention_lse, merge_lse
 from kvtax.attention.view import CacheView
 from kvtax.errors import FormatError
+from kvtax.formats import rotate
 from kvtax.formats.spec import centering_conflict
 
 Impl = Literal["auto", "reference", "triton"]
@@ -38,7 +39,9 @@ def attention(
 
     q:     `[B, H_q, L, D]` in fp16/bf16/fp32; H_q a multiple of the cache's KV heads.
     view:  `cache.view()` of the layer's cache, already holding these L tokens' K/V; a
-           HybridCache's HybridView is the LSE merge of `part_attention` over its parts.
+           HybridCache's HybridView decodes (L <= 16) in one softmax over all its parts
+           (`hybrid_decode`: a split kernel per part, one reduce), and otherwise is the LSE
+           merge of `part_attention` over its parts.
     Returns `[B, H_q, L, D]` in q.dtype. Causal masking is bottom-right aligned; the
     view's window and sinks apply. `impl="triton"` raises where the kernels can't run.
     kv_start: optional int `[B]`, each row's first valid key position (left padding).
@@ -50,6 +53,8 @@ def attention(
     if isinstance(view, HybridView):
         if not causal or kv_start is not None:
             raise ValueError("hybrid-cache attention is causal and takes no kv_start")
+        if impl != "reference" and hybrid_decode_reason(q, view) is None:
+            return hybrid_decode(q, view, scale=scale, softcap=softcap)
         parts = [part_attention(q, p, scale=scale, softcap=softcap, impl=impl)
                  for p in view.parts]
         return merge_lse(parts)[0].to(q.dtype)
@@ -71,6 +76,51 @@ def attention(
         raise RuntimeError(f"Triton attention cannot run this call: {reason}")
     warn_reference_once(q, reason, "attention", stacklevel=3)
     return attention_blockwise(q, view, **ref)
+
+
+def hybrid_decode_reason(q: torch.Tensor, view: HybridView) -> str | None:
+    """None when `hybrid_decode` serves `attention(q, view)`: every part on the fused
+    kernels (CUDA, or forced under the interpreter) and decode rows (the decode path of
+    `launch_table.launch_config`); else why not (the per-part path runs instead)."""
+    from kvtax.attention.launch_table import decode_rows
+
+    for p in view.parts:
+        reason = kernel_unavailable(q, p.view, True)
+        if reason is not None:
+            return reason
+        if not decode_rows(q, p.view):
+            return f"{q.shape[2]} query rows take the prefill kernel"
+    return None
+
+
+def hybrid_decode(
+    q: torch.Tensor, view: HybridView, *, scale: float | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Decode attention over a hybrid cache in 3 launches: each part's split kernel, its
+    masks applied in-kernel, writes (acc, m, l) into its split slots of one shared
+    workspace, and one reduce over every split writes `[B, H_q, L, D]` in q.dtype
+    (`launch.launch_parts_decode`). q `[B, H_q, L]`, L <= 16 (`hybrid_decode_reason`).
+
+    Rotated specs cost launches only where present: rotated keys take `q H` (once for
+    every such part); where some part stores values rotated, the others' partials are
+    rotated into that domain before the reduce (H is linear) and the float32 result is
+    rotated back (H is its own inverse)."""
+    from kvtax.attention.launch import launch_parts_decode
+
+    for p in view.parts:
+        refuse_centered_softcap(p.view, softcap)
+    q_rot = rotate(q) if any(p.view.spec.rotate_keys for p in view.parts) else None
+    parts = [(q_rot if p.view.spec.rotate_keys else q, p.view, p.min_distance, p.min_key)
+             for p in view.parts]
+    rotated = [p.view.spec.rotate_values for p in view.parts]
+    if not any(rotated):  # the reduce writes the final output directly
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        return launch_parts_decode(parts, out, scale=scale, softcap=softcap)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    launch_parts_decode(parts, out, scale=scale, softcap=softcap,
+                        rotate_partials=[not r for r in rotated])
+    return rotate(out).to(q.dtype)
 
 
 def part_attention(

@@ -3,8 +3,10 @@
 A `HybridView` is a list of parts, each a `CacheView` plus the extra masks that make
 the parts' visible key sets disjoint for every query (see kvtax.cache.hybrid).
 `kvtax.attention.attention(q, view)` routes a HybridView by its type: each part is read
-as stored (no dequantized copy of the whole cache) and the partial results are merged
-exactly with `merge_lse` (kvtax.attention.dispatch.part_attention).
+as stored (no dequantized copy of the whole cache). Decode rows run one split kernel per
+part into a shared workspace and one reduce (kvtax.attention.dispatch.hybrid_decode);
+other calls merge the parts' results exactly with `merge_lse`
+(kvtax.attention.dispatch.part_attention).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ constexprs and runs prefill.py, or a decode kernel then reduce.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 
 import torch
@@ -27,7 +28,7 @@ from kvtax.attention.support import (
 )
 from kvtax.attention.view import CacheView
 from kvtax.errors import ShapeError
-from kvtax.formats import ChannelBlockFormat, FP8Format, KVFormat
+from kvtax.formats import ChannelBlockFormat, FP8Format, KVFormat, rotate
 
 # Test hook: fill split-KV partials (and triton_attention_lse's outputs) with NaN before
 # each launch so unwritten ones show.
@@ -55,13 +56,9 @@ def launch_attention(
         raise ShapeError(f"min_distance {min_distance}, min_key {min_key} must be in [0, 2^31)")
     if n_q == 0 or q.shape[0] == 0:
         return out
-    masked = bool(min_distance or min_key or kv_start is not None)
-    cfg = config or launch_config(q, view, lengths, softcap=bool(softcap), masked=masked)
-    scale = 1.0 / math.sqrt(view.head_dim) if scale is None else float(scale)
-    if softcap:
-        qk_scale, cap_log2 = scale / softcap, softcap * LOG2E
-    else:
-        qk_scale, cap_log2 = scale * LOG2E, 0.0
+    cfg = config or launch_config(q, view, lengths, softcap=bool(softcap),
+                                  masked=kv_start is not None)
+    qk_scale, cap_log2 = _score_scales(view, scale, softcap)
     args = _Args(q, view, cfg, lengths, kv_start, lse, out, min_distance, min_key,
                  qk_scale, cap_log2, bool(softcap))
     if cfg.path == "prefill":
@@ -73,6 +70,67 @@ def launch_attention(
         return out
     _decode(args, explicit=config is not None)
     return out
+
+
+def launch_parts_decode(
+    parts: Sequence[tuple[torch.Tensor, CacheView, int, int]], out: torch.Tensor, *,
+    scale: float | None = None, softcap: float | None = None,
+    rotate_partials: Sequence[bool] = (),
+) -> torch.Tensor:
+    """Decode attention over disjoint key sets (a hybrid cache's parts) in one softmax:
+    each part's split kernel writes its partials into its own split slots of one shared
+    workspace, then ONE reduce merges every split of every part into `out` (no per-part
+    output, no log-sum-exp round trip, no torch merge).
+
+    parts: `(q_i, view_i, min_distance_i, min_key_i)`: q_i `[B, H_q, L, D]` (the same
+    shape for every part; a part whose keys are stored rotated takes rotated queries) and
+    its view with its masks (`launch_attention`'s); every part must take the decode path
+    (`launch_config(...).path == "decode"`; ShapeError otherwise).
+    out: contiguous `[B, H_q, L, D]` in q's dtype or float32.
+    rotate_partials: per part, apply the Hadamard rotation to its partial outputs before
+    the reduce (moves a part into the other parts' value domain: H is linear).
+    Returns out. Device lengths: each view's `length_t`, as launch_attention reads them.
+    """
+    q0 = parts[0][0]
+    checked = []
+    for q, view, min_distance, min_key in parts:
+        reason = unsupported_reason(q, view, allow_cpu=interpreting())
+        if reason is not None:
+            raise ShapeError(f"triton_attention cannot run this call: {reason}")
+        if q.shape != q0.shape:
+            raise ShapeError(f"the parts' queries differ in shape: {tuple(q.shape)}")
+        check_query(q, view)
+        lengths, _, out = _checked_buffers(q, view, None, None, out, None)
+        if not 0 <= min_distance < 2**31 or not 0 <= min_key < 2**31:
+            raise ShapeError(f"min_distance {min_distance}, min_key {min_key} must be in "
+                             "[0, 2^31)")
+        cfg = launch_config(q, view, lengths, softcap=bool(softcap))
+        if cfg.path != "decode":
+            raise ShapeError(f"{q.shape[2]} query rows take the prefill kernel, not decode")
+        qk_scale, cap_log2 = _score_scales(view, scale, softcap)
+        checked.append(_Args(q, view, cfg, lengths, None, None, out, min_distance, min_key,
+                             qk_scale, cap_log2, bool(softcap)))
+    if q0.shape[2] == 0 or q0.shape[0] == 0:
+        return out
+    part = decode_workspace(q0, parts[0][1].num_kv_heads,
+                            sum(a.cfg.num_splits for a in checked))
+    base = 0
+    for i, a in enumerate(checked):
+        _decode_splits(a, part, explicit=False, split_base=base)
+        if i < len(rotate_partials) and rotate_partials[i]:
+            seg = part[0][:, base:base + a.cfg.num_splits]
+            seg.copy_(rotate(seg))
+        base += a.cfg.num_splits
+    _reduce(part, out, q0, checked[0].common["G"], dict(Lse=out, HAS_LSE=False))
+    return out
+
+
+def _score_scales(view: CacheView, scale: float | None, softcap: float | None):  # noqa: ANN202
+    """(qk_scale, cap_log2): base-2 score scaling, or scale / softcap before the tanh."""
+    scale = 1.0 / math.sqrt(view.head_dim) if scale is None else float(scale)
+    if softcap:
+        return scale / softcap, softcap * LOG2E
+    return scale * LOG2E, 0.0
 
 
 def _checked_buffers(q, view, lengths, kv_start, out, lse):  # noqa: ANN001, ANN202
@@ -142,16 +200,32 @@ class _Args:
 def _decode(a: _Args, explicit: bool) -> None:
     """Split-KV decode: the config's decode kernel writes partials, reduce.py merges them
     (`explicit`: the caller chose the config, so a "swap" config is checked here)."""
+    part = decode_workspace(a.q, a.view.num_kv_heads, a.cfg.num_splits)
+    _decode_splits(a, part, explicit)
+    _reduce(part, a.out, a.q, a.common["G"], a.lse)
+
+
+def decode_workspace(q: torch.Tensor, n_kv_heads: int, splits: int) -> tuple:
+    """Split-KV partials of `splits` splits per (batch, KV head): PartO `[B * H_kv, splits,
+    R, D]`, PartM and PartL `[B * H_kv, splits, R]` float32 (R = G * L query rows)."""
+    b, h_q, n_q, d = q.shape
+    rows = h_q // n_kv_heads * n_q
+    return (workspace((b * n_kv_heads, splits, rows, d), q.device),
+            workspace((b * n_kv_heads, splits, rows), q.device),
+            workspace((b * n_kv_heads, splits, rows), q.device))
+
+
+def _decode_splits(a: _Args, part: tuple, explicit: bool, split_base: int = 0) -> None:
+    """The config's decode kernel: its splits' partials into `part`'s split slots
+    `[split_base, split_base + num_splits)` (the rest belong to other launches)."""
     q, view, cfg = a.q, a.view, a.cfg
-    b, h_kv, d = q.shape[0], view.num_kv_heads, view.head_dim
+    b, h_kv = q.shape[0], view.num_kv_heads
     rows, splits = a.common["G"] * q.shape[2], cfg.num_splits
-    part = (workspace((b * h_kv, splits, rows, d), q.device),
-            workspace((b * h_kv, splits, rows), q.device),
-            workspace((b * h_kv, splits, rows), q.device))
+    slots = dict(split_base=split_base, splits_total=part[1].shape[1])
     grid = (b * h_kv, splits)
     tail = (*a.cache, a.scalars[0], q.shape[2], splits, *a.scalars[2:], *q.stride(), *a.strides)
     if cfg.kernel == "swap":
-        _swap(a, part, explicit)
+        _swap(a, part, explicit, slots)
     elif cfg.kernel == "warp":
         reason = warp_reason(view)
         if isinstance(view.spec.key, ChannelBlockFormat) and cfg.block_n > 64:
@@ -159,25 +233,31 @@ def _decode(a: _Args, explicit: bool) -> None:
         if reason is not None or cfg.block_m < rows:
             raise ShapeError(f"decode_warp kernel cannot run this call: {reason or 'rows'}")
         decode_warp_kernel[grid](
-            q, *part, *tail, **a.masks, HAS_MIN_DIST=a.common["HAS_MIN_DIST"],
+            q, *part, *tail, **a.masks, **slots, HAS_MIN_DIST=a.common["HAS_MIN_DIST"],
             **_warp_args(a), **pdl_options("attention", q, cfg),
         )
     else:
         decode_attn_split_kernel[grid](
-            q, *part, *tail, **a.masks, **a.common, **pdl_options("attention", q, cfg),
+            q, *part, *tail, **a.masks, **slots, **a.common,
+            **pdl_options("attention", q, cfg),
         )
+
+
+def _reduce(part: tuple, out: torch.Tensor, q: torch.Tensor, group: int, lse: dict) -> None:
+    """reduce.py over every split of `part` into out (`lse`: _Args.lse's keywords)."""
+    bh, splits, rows, d = part[0].shape
     splits_pad = triton.next_power_of_2(splits)
     d_block = min(32, triton.next_power_of_2(d))
-    decode_attn_reduce_kernel[(b * h_kv, rows, triton.cdiv(d, d_block))](
-        *part, a.out, q.shape[2], splits, h_kv, *a.out.stride()[:3], **a.lse,
-        G=a.common["G"], HEAD_DIM=d, D_BLOCK=d_block,
+    decode_attn_reduce_kernel[(bh, rows, triton.cdiv(d, d_block))](
+        *part, out, q.shape[2], splits, bh // q.shape[0], *out.stride()[:3], **lse,
+        G=group, HEAD_DIM=d, D_BLOCK=d_block,
         # all splits in one shot up to 256 (a [256, 32] float32 tile over 4 warps)
         SPLITS_PAD=splits_pad, SPLIT_BLOCK=splits_pad if splits_pad <= 256 else 64,
         num_warps=4, **pdl_options("reduce", q),
     )
 
 
-def _swap(a: _Args, part: tuple, explicit: bool) -> None:
+def _swap(a: _Args, part: tuple, explicit: bool, slots: dict) -> None:
     """Kernel "swap": the Gluon kernel where it serves the call, else its Triton twin
     (decode_swap.py: the interpreter, soft-capping, the shapes only it takes).
     launch_config picks "swap" only where the Gluon kernel serves the call (checked
@@ -185,24 +265,24 @@ def _swap(a: _Args, part: tuple, explicit: bool) -> None:
     q, view = a.q, a.view
     if explicit:
         reason = swap_reason(q, view)
-        if reason is None and (a.common["HAS_MIN_DIST"] or a.common["HAS_KV_START"]):
-            reason = "hybrid-cache masks / left padding are decode_warp.py's"
+        if reason is None and a.common["HAS_KV_START"]:
+            reason = "left padding is decode_warp.py's"
         if reason is not None:
             raise ShapeError(f"decode_swap kernel cannot run this call: {reason}")
     if not explicit or (not a.softcap and gluon_swap_reason(q, view) is None):
-        _launch_swap_gluon(a, part)
+        _launch_swap_gluon(a, part, slots)
     else:
-        _launch_swap_triton(a, part)
+        _launch_swap_triton(a, part, slots)
 
 
-def _launch_swap_triton(a: _Args, part: tuple) -> None:
+def _launch_swap_triton(a: _Args, part: tuple, slots: dict) -> None:
     """decode_swap.py (the Triton twin: any `swap_reason` case, soft-capping too)."""
     q, view, cfg = a.q, a.view, a.cfg
     d, b, h_kv = view.head_dim, q.shape[0], view.num_kv_heads
     k_ng = 1 if a.k_fmt == 4 else d // view.spec.key.group_size  # int4-c64: block vectors
     decode_swap_kernel[(b * h_kv, cfg.num_splits)](
         q, *part, *a.cache[:7], view.length, q.shape[2], cfg.num_splits, h_kv,
-        a.qk_scale, a.cap_log2, *q.stride(), *a.strides,
+        a.qk_scale, a.cap_log2, *q.stride(), *a.strides, **a.masks, **slots,
         G=q.shape[1] // h_kv, HEAD_DIM=d, K_FMT=a.k_fmt, K_NG=k_ng,
         V_FMT=a.v_fmt, V_NG=d // view.spec.value.group_size, SOFTCAP=a.softcap,
         HAS_LENS=a.lengths is not None, ASM=not interpreting(), num_warps=1,
@@ -210,7 +290,7 @@ def _launch_swap_triton(a: _Args, part: tuple) -> None:
     )
 
 
-def _launch_swap_gluon(a: _Args, part: tuple) -> None:
+def _launch_swap_gluon(a: _Args, part: tuple, slots: dict) -> None:
     """decode_swap_gluon.py: scales and biases as 32-bit words (one slot's lo / hi pair;
     `swap_reason` checked their alignment), V codes as uint16 pairs; int4-c64 keys' block
     metadata as stored (`[slots / 64, D]` per head, model dtype)."""
@@ -229,10 +309,11 @@ def _launch_swap_gluon(a: _Args, part: tuple) -> None:
         q, *part, kc, vc16, *words,
         lengths if lengths is not None else kc, view.length, q.shape[2], cfg.num_splits, h_kv,
         a.qk_scale, *q.stride(), *kc.stride()[:3], *words[0].stride()[:2],
-        *vc16.stride()[:3], *words[2].stride()[:2],
+        *vc16.stride()[:3], *words[2].stride()[:2], **a.masks, **slots,
         G=q.shape[1] // h_kv, D=view.head_dim, STAGES=cfg.num_stages,
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
         INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, KC64=kc64,
+        HAS_MIN_DIST=a.common["HAS_MIN_DIST"],
         num_warps=1, **pdl_options("attention", q, cfg),
     )
 

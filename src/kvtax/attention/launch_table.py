@@ -4,12 +4,14 @@
 `LaunchConfig` out). Every rule below was measured on an H200 at 128k tokens,
 Llama-3.1-8B layer shapes; docs/KERNELS.md keeps the numbers and what lost.
 
-Decode (L <= 16 query rows, G * L <= 128):
+Decode (L <= 16 query rows, G * L <= 128; `decode_rows`). A hybrid cache's parts each take
+their row below and share one workspace and one reduce (`launch.launch_parts_decode`):
   G * L <= 16 on a cache decode_warp.py serves:
     fp8 K and V                 → warp, 16-slot tiles (15% faster than 32)
     float K and V               → warp, 4 programs per SM (5-15% faster than 8)
-    int8 / int4 the Gluon kernel serves (G * L <= 4, group 64, D 128, no soft-cap / masks;
-    also int4-c64 keys beside int4 g64 values, q4's body)
+    int8 / int4 the Gluon kernel serves (G * L <= 4, group 64, D 128, no soft-cap or
+    left padding; also int4-c64 keys beside int4 g64 values, q4's body, with the hybrid
+    cache's min_distance / min_key masks: whole q4 decode 0.065 ms at 128k, was 0.137)
                                 → swap (slots as the MMA's M, no padded query rows:
                                   10-20% faster than warp)
     int8 K and V                → warp, two pipeline stages (8% faster than three)
@@ -83,9 +85,9 @@ def launch_config(
 ) -> LaunchConfig:
     """The launch of `triton_attention(q, view)` (q `[B, H_q, L, D]`): the rules in this
     module's docstring. The Gluon decode kernel takes neither soft-capping nor `masked`
-    calls (left padding, the hybrid cache's min_distance / min_key)."""
+    calls (left padding); the hybrid cache's min_distance / min_key it applies itself."""
     n_q, group = q.shape[2], q.shape[1] // view.num_kv_heads
-    if n_q > MAX_DECODE_ROWS or group * n_q > MAX_DECODE_TILE:
+    if not decode_rows(q, view):
         return _prefill_config(q, view)
     if group * n_q > 16 or warp_reason(view) is not None:
         return tile_decode_config(q, view, lengths)
@@ -99,6 +101,12 @@ def launch_config(
     if all(isinstance(f, AffineFormat) and f.bits == 8 for f in fmts):
         return warp_decode_config(q, view, lengths, num_stages=2)
     return warp_decode_config(q, view, lengths)
+
+
+def decode_rows(q: torch.Tensor, view: CacheView) -> bool:
+    """True when q `[B, H_q, L, D]`'s rows take a decode kernel (L <= 16, G * L <= 128)."""
+    n_q, group = q.shape[2], q.shape[1] // view.num_kv_heads
+    return n_q <= MAX_DECODE_ROWS and group * n_q <= MAX_DECODE_TILE
 
 
 def _prefill_config(q: torch.Tensor, view: CacheView) -> LaunchConfig:

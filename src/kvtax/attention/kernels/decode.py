@@ -23,14 +23,15 @@ from kvtax.attention.kernels.common import (
 )
 
 
-@triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
+@triton.jit(do_not_specialize=["length_host", "n_q", "num_splits", "split_base",
+                             "splits_total"])
 def decode_attn_split_kernel(
     Q, PartO, PartM, PartL, Kc, Ks, Kb, Vc, Vs, Vb, Lens, KvStart,
     length_host, n_q, num_splits, n_kv_heads, sinks, ring, window, qk_scale, cap_log2,
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
-    min_dist, min_key,
+    min_dist, min_key, split_base, splits_total,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr, V_GS: tl.constexpr,
@@ -81,8 +82,9 @@ def decode_attn_split_kernel(
             True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE, FOLD_K, FOLD_V, HAS_KV_START,
             min_dist, min_key, HAS_MIN_DIST)
 
-    # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
-    row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m
+    # partials: PartO [B*H_kv, splits_total, R, D], PartM / PartL [B*H_kv, splits_total, R];
+    # this launch's splits sit at [split_base, split_base + num_splits) (see decode_warp.py)
+    row = (pid_bh.to(tl.int64) * splits_total + split_base + split) * n_rows + o_m
     tl.store(PartM + row, m_i, mask=m_row)
     tl.store(PartL + row, l_i, mask=m_row)
     p_o = PartO + row[:, None] * HEAD_DIM

@@ -234,13 +234,14 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
           kmeta, vmeta, start, step, length, q_pos,
           bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
           p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
-          qk_scale, cap_log2,
+          qk_scale, cap_log2, min_key,
           HEAD_DIM: tl.constexpr, K_FMT: tl.constexpr, K_NG: tl.constexpr,
           V_FMT: tl.constexpr, V_NG: tl.constexpr, SOFTCAP: tl.constexpr,
           ASM: tl.constexpr, MASKED: tl.constexpr):
     """One 32-slot step at `start` (two 16-slot streams). This step's metadata comes in
     (kmeta, vmeta: (s_lo, b_lo, s_hi, b_hi) tuples of [16, 8]; int4-c64 keys: of the
-    block's [D/2] vectors); the next step's goes out.
+    block's [D/2] vectors); the next step's goes out. MASKED: slots past `q_pos` (the
+    last key each column may see) or before `min_key` are hidden.
 
     Over 80 lines: one step's loads, scores, masks, softmax and P @ V share ~20 values
     that a split would thread through helpers of as many arguments.
@@ -277,7 +278,8 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
     if SOFTCAP:
         sc = cap_log2 * tanh(sc)
     if MASKED:
-        sc = tl.where((start + moff) <= q_pos[None, :], sc, float("-inf"))
+        slot = start + moff
+        sc = tl.where((slot <= q_pos[None, :]) & (slot >= min_key), sc, float("-inf"))
 
     # ---- online softmax per column. acc holds P @ (V / t_v): t_v tracks the largest V
     # scale so that P * s / t_v stays in fp16's range
@@ -332,25 +334,36 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
 
 
 @triton.jit
+def _first(x, off, step):
+    """The first of the tiles off, off + step, off + 2 step, ... at or past slot x."""
+    return off + tl.cdiv(tl.maximum(x - off, 0), step) * step
+
+
+@triton.jit
 def _fold(x, w, DQ: tl.constexpr):
     """[D/4, 8] columns (stream, row), weighted by w [8] -> [D/4, 4] rows."""
     return tl.sum(tl.reshape(x * w[None, :], (DQ, 2, 4)), 1)
 
 
-@triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
+@triton.jit(do_not_specialize=["length_host", "n_q", "num_splits", "split_base",
+                             "splits_total"])
 def decode_swap_kernel(
     Q, PartO, PartM, PartL, Kc, Ks, Kb, Vc, Vs, Vb, Lens,
     length_host, n_q, num_splits, n_kv_heads, qk_scale, cap_log2,
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
+    min_dist, min_key, split_base, splits_total,
     G: tl.constexpr, HEAD_DIM: tl.constexpr,
     K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_LENS: tl.constexpr, ASM: tl.constexpr,
     PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
-    """Grid (B * H_kv, S), one warp. Writes PartO [B*H_kv, S, R, D], PartM / PartL
-    [B*H_kv, S, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator.
+    """Grid (B * H_kv, S), one warp. Writes PartO [B*H_kv, S_total, R, D], PartM / PartL
+    [B*H_kv, S_total, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator,
+    this launch's S splits at `[split_base, split_base + S)` of `splits_total` (a hybrid
+    cache's parts share one reduce). min_dist / min_key: a query at p reads keys k with
+    min_key <= k <= p - min_dist (a hybrid cache's body; 0, 0: plain causal).
 
     Over 80 lines: the prologue, the unmasked and masked step loops and the two-stream
     merge share one register state; the per-step work is `_step`.
@@ -381,7 +394,9 @@ def decode_swap_kernel(
     bq_hi1 = tl.where(top, 0.0, q_hi)
     qs_lo = tl.sum(q_lo.to(tl.float32), 0)  # of the operand the dots see
     qs_hi = tl.sum(q_hi.to(tl.float32), 0)
-    q_pos = length - n_q + r // G  # causal bottom-right; padded columns are never stored
+    # the last key each column sees: causal bottom-right, min_dist behind the query;
+    # padded columns are never stored
+    q_pos = length - n_q + r // G - min_dist
 
     p_kc = Kc + b * s_kc_b + h * s_kc_h
     p_vc = Vc + b * s_vc_b + h * s_vc_h
@@ -402,10 +417,14 @@ def decode_swap_kernel(
     b_hi = zt
     t_v = 1e-30
 
-    # strided tiles: split s takes s, s + S, ...; full ones unmasked, the ragged last masked
+    # strided tiles: split s takes s, s + S, ...; tiles every row sees whole run unmasked,
+    # the ones holding keys before min_key (head) and the causal edge (tail) masked
     off = split * BN
     step = num_splits * BN
-    full_end = (length - n_q + 1) // BN * BN  # every row sees every slot below this
+    hi = tl.maximum(length - min_dist, 0)  # no row sees a slot at or past this
+    full_lo = tl.cdiv(min_key, BN) * BN
+    # every row sees every slot in [full_lo, full_end)
+    full_end = tl.maximum(length - n_q + 1 - min_dist, 0) // BN * BN
     first_slot = off + moff
     mk = first_slot < length
     if K_FMT == 4:
@@ -413,23 +432,33 @@ def decode_swap_kernel(
     else:
         kmeta = _meta(p_ks, p_kb, first_slot, mk, s_km_t, K_NG)
     vmeta = _meta(p_vs, p_vb, first_slot, mk, s_vm_t, V_NG)
-    for start in range(off, full_end, step):
+    for start in range(off, tl.minimum(full_lo, hi), step):
         (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
          kmeta, vmeta) = _step(
             acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
             kmeta, vmeta, start, step, length, q_pos,
             bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
             p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
-            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, False)
-    tail = off + tl.cdiv(tl.maximum(full_end - off, 0), step) * step
-    for start in range(tail, length, step):
+            qk_scale, cap_log2, min_key, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM,
+            True)
+    for start in range(_first(full_lo, off, step), full_end, step):
         (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
          kmeta, vmeta) = _step(
             acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
             kmeta, vmeta, start, step, length, q_pos,
             bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
             p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
-            qk_scale, cap_log2, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM, True)
+            qk_scale, cap_log2, min_key, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM,
+            False)
+    for start in range(_first(tl.maximum(full_end, full_lo), off, step), hi, step):
+        (acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
+         kmeta, vmeta) = _step(
+            acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
+            kmeta, vmeta, start, step, length, q_pos,
+            bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
+            p_kc, p_vc, p_ks, p_kb, p_vs, p_vb, s_kc_t, s_vc_t, s_km_t, s_vm_t, moff,
+            qk_scale, cap_log2, min_key, HEAD_DIM, K_FMT, K_NG, V_FMT, V_NG, SOFTCAP, ASM,
+            True)
 
     # ---- merge the two streams (columns c and c + 4), write one partial per split
     mx = tl.max(tl.reshape(m_i, (2, 4)), 0)
@@ -439,7 +468,7 @@ def decode_swap_kernel(
     bl = tl.sum(b_lo, 0)[None, :]
     bh = tl.sum(b_hi, 0)[None, :]
     o_r = tl.arange(0, 4)
-    row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_r
+    row = (pid_bh.to(tl.int64) * splits_total + split_base + split) * n_rows + o_r
     m_row = o_r < n_rows
     tl.store(PartM + row, mx, mask=m_row)
     tl.store(PartL + row, l4, mask=m_row)

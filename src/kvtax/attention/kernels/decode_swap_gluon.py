@@ -169,16 +169,21 @@ def decode_swap_gluon_kernel(
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h,
+    min_dist, min_key, split_base, splits_total,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
     INT4: gl.constexpr, HAS_LENS: gl.constexpr,
     PDL: gl.constexpr = False, PDL_LATE: gl.constexpr = False, KC64: gl.constexpr = False,
+    HAS_MIN_DIST: gl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
     ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT);
     with KC64, ksw / kbw are the keys' block scales / biases in MDT, [slots / 64, D] per
     (batch, head) (s_km_b, s_km_h in MDT elements).
-    Writes PartO [B*H_kv, S, R, D], PartM / PartL [B*H_kv, S, R] (R = G * n_q <= 4).
+    Writes PartO [B*H_kv, S_total, R, D], PartM / PartL [B*H_kv, S_total, R] (R = G * n_q
+    <= 4), this launch's S splits at `[split_base, split_base + S)` of `splits_total` (a
+    hybrid cache's parts share one reduce). HAS_MIN_DIST: a query at p reads only keys k
+    with min_key <= k <= p - min_dist (the hybrid body; decode_swap.py's masks).
 
     Over 80 lines: the shared-memory ring and its cp.async issue / wait / consume span the
     whole loop, and a gluon.jit helper would take most of the kernel's layouts and buffers.
@@ -207,7 +212,10 @@ def decode_swap_gluon_kernel(
         length = gl.load(lens + b)
     else:
         length = length_host
-    n_tiles = gl.cdiv(length, BN)
+    if HAS_MIN_DIST:  # tiles at or past length - min_dist hold no key any row sees
+        n_tiles = gl.cdiv(gl.maximum(length - min_dist, 0), BN)
+    else:
+        n_tiles = gl.cdiv(length, BN)
     n_my = gl.maximum(n_tiles - split + num_splits - 1, 0) // num_splits  # strided steps
     n_rows = G * n_q
 
@@ -347,7 +355,11 @@ def decode_swap_gluon_kernel(
             sc = (d_lo * (ks_lo * qk_scale) + d_hi * (ks_hi * qk_scale)
                   + qs_lo[None, :] * ((kb_lo - 1024.0 * ks_lo) * qk_scale)
                   + qs_hi[None, :] * ((kb_hi - 1024.0 * ks_hi) * qk_scale))
-        vis = (tile * BN + moff) <= q_pos[None, :]
+        if HAS_MIN_DIST:
+            vis = (((tile * BN + moff) <= (q_pos - min_dist)[None, :])
+                   & ((tile * BN + moff) >= min_key))
+        else:
+            vis = (tile * BN + moff) <= q_pos[None, :]
         sc = gl.where(vis, sc, float("-inf"))
 
         # ---- online softmax per column
@@ -429,7 +441,7 @@ def decode_swap_gluon_kernel(
     st_l: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [1, 1], [1, 0])
     r4 = gl.arange(0, 4, layout=gl.SliceLayout(0, st_l))
     d4 = 2 * gl.arange(0, PH, layout=gl.SliceLayout(1, st_l))[:, None]
-    prow = (pid_bh.to(gl.int64) * num_splits + split) * n_rows + r4
+    prow = (pid_bh.to(gl.int64) * splits_total + split_base + split) * n_rows + r4
     ok = r4 < n_rows
     gl.store(part_m + prow, gl.convert_layout(mx, gl.SliceLayout(0, st_l)), mask=ok)
     l4 = gl.sum(gl.reshape(l_c * w, [2, 4]), 0)

@@ -199,14 +199,15 @@ def _first(x, off, step):
     return off + tl.cdiv(tl.maximum(x - off, 0), step) * step
 
 
-@triton.jit(do_not_specialize=["length_host", "n_q", "num_splits"])
+@triton.jit(do_not_specialize=["length_host", "n_q", "num_splits", "split_base",
+                             "splits_total"])
 def decode_warp_kernel(
     Q, PartO, PartM, PartL, Kc, Ks, Kb, Vc, Vs, Vb, Lens, KvStart,
     length_host, n_q, num_splits, n_kv_heads, sinks, ring, window, qk_scale, cap_log2,
     s_qb, s_qh, s_ql, s_qd,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
-    min_dist, min_key,
+    min_dist, min_key, split_base, splits_total,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
     K_DT: tl.constexpr, V_DT: tl.constexpr,
@@ -215,7 +216,9 @@ def decode_warp_kernel(
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
     PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
 ):
-    """Grid (B * H_kv, S), one warp: partials PartO / PartM / PartL as decode.py's.
+    """Grid (B * H_kv, S), one warp: partials PartO / PartM / PartL as decode.py's, this
+    launch's S splits in slots `[split_base, split_base + S)` of a workspace holding
+    `splits_total` per row (several launches may share one reduce: a hybrid cache's parts).
 
     Over 80 lines: the prologue, the masked / unmasked / masked tile loops and the epilogue
     share one register state; the per-tile work is `_step`.
@@ -318,8 +321,8 @@ def decode_warp_kernel(
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
             HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
 
-    # partials: PartO [B*H_kv, splits, R, D], PartM / PartL [B*H_kv, splits, R]
-    row = (pid_bh.to(tl.int64) * num_splits + split) * n_rows + o_m
+    # partials: PartO [B*H_kv, splits_total, R, D], PartM / PartL [B*H_kv, splits_total, R]
+    row = (pid_bh.to(tl.int64) * splits_total + split_base + split) * n_rows + o_m
     tl.store(PartM + row, m_i, mask=m_row)
     tl.store(PartL + row, l_i, mask=m_row)
     p_o = PartO + row[:, None] * HEAD_DIM

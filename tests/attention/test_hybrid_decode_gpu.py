@@ -1,0 +1,91 @@
+"""Fused hybrid-cache decode compiled on CUDA: q4 at Llama-3.1-8B layer shapes against the
+torch reference, the launches it makes (profiled: one split kernel per part, the body on
+the Gluon kernel, one reduce), and CUDA-graph replay reading device lengths."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kvtax.attention import attention
+from kvtax.attention.dispatch import hybrid_decode_reason
+from kvtax.attention.lse import attention_lse, merge_lse
+from kvtax.cache.hybrid import HybridCache
+from tests.support import kernels as ke
+
+pytestmark = [pytest.mark.gpu, pytest.mark.kernels]
+
+
+def _q4(ctx, *, dtype=torch.float16, group=4, h_kv=8, d=128, batch=1, capacity=None):
+    """q `[batch, h_kv * group, 1, d]` and a q4 HybridCache of ctx tokens on CUDA."""
+    gen = torch.Generator(device="cuda").manual_seed(ctx)
+    k = torch.randn(batch, h_kv, ctx, d, generator=gen, device="cuda")
+    k[..., :2] *= 6.0
+    v = torch.randn(batch, h_kv, ctx, d, generator=gen, device="cuda")
+    cache = HybridCache("q4", capacity=capacity, max_chunk=4096)
+    for t0 in range(0, ctx, 4096):
+        cache.append(k[:, :, t0:t0 + 4096].to(dtype), v[:, :, t0:t0 + 4096].to(dtype))
+    q = torch.randn(batch, h_kv * group, 1, d, generator=gen, device="cuda").to(dtype)
+    return q, cache
+
+
+def _reference(q, view):
+    return merge_lse([attention_lse(q.float(), p.view, min_distance=p.min_distance,
+                                    min_key=p.min_key) for p in view.parts])[0]
+
+
+@pytest.mark.parametrize("ctx", [70, 200, 4097, 70000])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_q4_fused_decode_matches_reference(ctx, dtype):
+    q, cache = _q4(ctx, dtype=dtype, batch=2)
+    view = cache.view()
+    assert hybrid_decode_reason(q, view) is None
+    atol, rel = ke.TOLERANCE[dtype]
+    ke.assert_close(attention(q, view).float(), _reference(q, view), atol=atol, rel_rms=rel,
+                    what=f"q4 ctx {ctx} {dtype}")
+
+
+def test_q4_fused_decode_is_three_launches_body_on_gluon():
+    q, cache = _q4(8192)
+    view = cache.view()
+    attention(q, view)  # compile outside the profile
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        attention(q, view)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(names) == 3, names
+    assert any("decode_swap_gluon" in n for n in names), names  # the masked body
+    assert any("decode_warp" in n for n in names), names        # the fp16 ring
+    assert "decode_attn_reduce_kernel" in names[-1], names
+
+
+def test_q4_fused_decode_replays_in_a_cuda_graph():
+    """Captured once with device lengths in the parts' views; after more tokens are
+    appended the replay (new device length, stale host length) equals eager decode."""
+    q, cache = _q4(3000, capacity=4096)
+    lens = torch.full((1,), cache.length, dtype=torch.int32, device="cuda")
+
+    def graph_view():
+        v = cache.view()
+        return dataclasses.replace(v, parts=tuple(
+            dataclasses.replace(p, view=dataclasses.replace(p.view, length_t=lens))
+            for p in v.parts))
+
+    view = graph_view()
+    attention(q, view)  # compile before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = attention(q, view)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(70):  # past a 64-token body block and a wrap of the fp16 ring's slots
+        k, v = (torch.randn(1, 8, 1, 128, generator=gen, device="cuda").half()
+                for _ in range(2))
+        cache.append(k, v)
+    lens.fill_(cache.length)
+    graph.replay()
+    want = attention(q, cache.view())
+    ke.assert_close(out.float(), want.float(), atol=2e-3, rel_rms=1e-3, what="graph replay")
