@@ -5,7 +5,7 @@ BPE of 514,906 merges) into a Unigram model: read from the GGUF it spends 0.45 t
 character on PROBE, and once saved and reloaded (how kvtax caches a converted GGUF) 1.00,
 one per character, with no BOS. transformers 5.24.0 converts the same file to its BPE
 (0.20, as Qwen2.5's and SmolLM2's tokenizers). A model fed such tokens still runs and gives
-numbers (fp16 perplexity of benchmarks/data/held_out_text.txt at 2k: 3,674 with 5.17.0's
+numbers (fp16 perplexity of benchmarks/data/held_out_text.txt at 2k: 3,279 with 5.17.0's
 conversion, 31.0 with 5.24.0's; 2026-12-02), so every quality and recall figure from such a
 run is silently wrong: the check stops it at load.
 """

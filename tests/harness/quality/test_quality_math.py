@@ -5,6 +5,7 @@ resume and the report section."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from kvtax.harness.quality.probe import (
     check_config,
     run_quality,
     score_pass,
+    text_fingerprint,
     text_ids,
+    text_of,
 )
 from kvtax.harness.quality.metrics import (
     LayerErrorProbe,
@@ -194,6 +197,12 @@ def test_run_rows_resume_and_report(tmp_path, gemma) -> None:
     assert 0 < int8["kl"] < rows[5]["kl"]
     assert int8["ppl_base"] == base["ppl"] and len(int8["layer_attn_rel_err"]) == 6
     assert int8["cache_bytes"] < base["cache_bytes"]
+    env = json.loads((run / "env.json").read_text())  # which text and tokens were scored
+    ids = text_ids(gemma.tokenizer, text_of(None), 97)
+    assert env["text_tokens"] == 97
+    assert env["token_ids_sha256"] == text_fingerprint(text_of(None), ids)["token_ids_sha256"]
+    assert env["token_ids_sha256"] != text_fingerprint(text_of(None), ids[1:] + [0])[
+        "token_ids_sha256"]
     # Killed mid-write of the last row: resume redoes that cell only.
     path = run / "rows.jsonl"
     lines = path.read_text().splitlines(keepends=True)

@@ -15,6 +15,7 @@ layer's relative attention-output error on the run's own K/V (`quality.metrics`)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 import traceback
 from collections.abc import Callable
@@ -129,6 +130,18 @@ def text_ids(tok: Any, text: str, n: int) -> list[int]:
     return ids[:n]
 
 
+def text_fingerprint(text: str, ids: list[int]) -> dict[str, Any]:
+    """sha256 of the text and of its scored token ids, for env.json: the default text is
+    CPython's pydoc_data/topics.py, which differs between Python releases (3.11 vs 3.12:
+    fp16 perplexity 7.39 vs 7.49 on Qwen2.5-Coder-0.5B at 8k), so two runs compare only
+    where these match."""
+    return {
+        "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "text_tokens": len(ids),
+        "token_ids_sha256": hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest(),
+    }
+
+
 def resident_nbytes(cache: Any) -> int:
     """K/V bytes the layer holds for decoding after this prefill: a sliding layer's last
     `window` tokens (and sinks), not the extra ring slots a prefill chunk needed."""
@@ -239,11 +252,15 @@ def run_quality(
     if longest > net.config.max_position_embeddings:
         log(f"warning: context {longest} exceeds the model's trained length "
             f"{net.config.max_position_embeddings}")
-    all_ids = text_ids(model.tokenizer, text_of(cfg.text), longest + 1)
+    text = text_of(cfg.text)
+    all_ids = text_ids(model.tokenizer, text, longest + 1)
     if store is None:
         store = RunStore.create(root, name, cfg.to_dict())
-    store.write_env(environment(cfg.device))
+    fp = text_fingerprint(text, all_ids)
+    store.write_env({**environment(cfg.device), **fp})
     log(f"kvtax quality: run folder {store.path}")
+    log(f"kvtax quality: text {cfg.text or 'pydoc_data/topics.py (this Python)'}, "
+        f"{fp['text_tokens']} tokens, token ids sha256 {fp['token_ids_sha256'][:12]}")
     done, commit = store.done_cell_ids(), git_commit()
     kvs = [cfg.baseline] + [k for k in cfg.kvs if k != cfg.baseline]
     for i, ctx in enumerate(sorted(cfg.contexts)):
