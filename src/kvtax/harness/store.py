@@ -201,6 +201,11 @@ class RunStore:
             ]
         _write_json(p, env)
 
+    def update_env(self, extra: Mapping[str, Any]) -> None:
+        """Add keys to env.json: facts a run learns once under way (the text it scored)."""
+        p = self.path / ENV
+        _write_json(p, {**(json.loads(p.read_text()) if p.exists() else {}), **extra})
+
     def append(self, row: Mapping[str, Any]) -> None:
         """Append one row and fsync it before returning."""
         line = json.dumps(_finite(row), sort_keys=True, default=str, allow_nan=False) + "\n"

@@ -4,6 +4,7 @@ the existing kvtax recall / quality paths on the tiny model."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -13,7 +14,13 @@ from tests.support.engine_env import fake_engine_env
 from tests.support.fake_engine import FakeEngine
 from kvtax.cli import main
 from kvtax.harness.engines import ENGINES, EngineSpec
-from kvtax.harness.quality.probe import QualityConfig, run_quality, text_ids, text_of
+from kvtax.harness.quality.probe import (
+    QualityConfig,
+    run_quality,
+    text_fingerprint,
+    text_ids,
+    text_of,
+)
 from kvtax.harness.quality.engine import EngineQuality, EngineText, run_engine_quality
 from kvtax.harness.quality.metrics import kl_divergence
 from kvtax.harness.recall.probe import RecallConfig, run_recall
@@ -71,6 +78,9 @@ def test_quality_scores_arms_against_the_same_engines_baseline(fake_here, tmp_pa
     assert len(rows) == 6 and all(r["status"] == "ok" for r in rows.values())
     ids = text_ids(EngineText(FakeEngine(EngineSpec(model="m", kv="f16", path="a"))),
                    text_of(str(text)), 81)
+    env = json.loads((run / "env.json").read_text())  # which tokens were scored, kept
+    assert env["token_ids_sha256"] == text_fingerprint(text.read_text(), ids)["token_ids_sha256"]
+    assert env["text_tokens"] == 81 and "device" in env
     for ctx in (48, 80):
         base = _fake_logp("f16", ids[: ctx + 1], 16)
         assert rows[("f16", ctx)]["kl"] == 0 and rows[("f16", ctx)]["top1"] == 1

@@ -28,7 +28,13 @@ import torch
 
 from kvtax.harness.engines import Engine, EngineSpec, require_engine
 from kvtax.harness.quality.metrics import ppl_deltas
-from kvtax.harness.quality.probe import QualityConfig, QualityInputError, text_ids, text_of
+from kvtax.harness.quality.probe import (
+    QualityConfig,
+    QualityInputError,
+    text_fingerprint,
+    text_ids,
+    text_of,
+)
 from kvtax.harness.quality.metrics import TailStats, kl_divergence, top1_agree
 from kvtax.harness.recall.probe import model_label
 from kvtax.harness.schema import arm_name, base_row, make_cell_id, utc_now, validate_row
@@ -130,7 +136,12 @@ def run_engine_quality(
             engine.load()
             version = engine.version()
             if ids is None:
-                ids = text_ids(EngineText(engine), text_of(cfg.text), max(contexts) + 1)
+                text = text_of(cfg.text)
+                ids = text_ids(EngineText(engine), text, max(contexts) + 1)
+                fp = text_fingerprint(text, ids)  # env.json: which text and tokens
+                store.update_env(fp)
+                log(f"kvtax quality: {fp['text_tokens']} tokens, token ids sha256 "
+                    f"{fp['token_ids_sha256'][:12]}")
             for ctx in todo:
                 cell = cells[(arm, ctx)]
                 row = _measure(engine, cfg, cell, ids[: ctx + 1], refs, arm_name(*arms[0]))
