@@ -47,13 +47,8 @@ def launch_attention(
     lse: optional contiguous float32 `[B, H_q, L]`, filled with each row's log-sum-exp;
     min_distance / min_key: hide keys closer than that to the query, or before that
     position (`attention_lse`'s masks). Both off by default (the plain kernel variants)."""
-    reason = unsupported_reason(q, view, allow_cpu=interpreting())
-    if reason is not None:
-        raise ShapeError(f"triton_attention cannot run this call: {reason}")
-    n_q, group = check_query(q, view)
-    lengths, kv_start, out = _checked_buffers(q, view, lengths, kv_start, out, lse)
-    if not 0 <= min_distance < 2**31 or not 0 <= min_key < 2**31:
-        raise ShapeError(f"min_distance {min_distance}, min_key {min_key} must be in [0, 2^31)")
+    n_q, group, lengths, kv_start, out = _checked_call(q, view, lengths, kv_start, out, lse,
+                                                       min_distance, min_key)
     if n_q == 0 or q.shape[0] == 0:
         return out
     cfg = config or launch_config(q, view, lengths, softcap=bool(softcap),
@@ -94,16 +89,10 @@ def launch_parts_decode(
     q0 = parts[0][0]
     checked = []
     for q, view, min_distance, min_key in parts:
-        reason = unsupported_reason(q, view, allow_cpu=interpreting())
-        if reason is not None:
-            raise ShapeError(f"triton_attention cannot run this call: {reason}")
         if q.shape != q0.shape:
             raise ShapeError(f"the parts' queries differ in shape: {tuple(q.shape)}")
-        check_query(q, view)
-        lengths, _, out = _checked_buffers(q, view, None, None, out, None)
-        if not 0 <= min_distance < 2**31 or not 0 <= min_key < 2**31:
-            raise ShapeError(f"min_distance {min_distance}, min_key {min_key} must be in "
-                             "[0, 2^31)")
+        _, _, lengths, _, out = _checked_call(q, view, None, None, out, None, min_distance,
+                                              min_key)
         cfg = launch_config(q, view, lengths, softcap=bool(softcap))
         if cfg.path != "decode":
             raise ShapeError(f"{q.shape[2]} query rows take the prefill kernel, not decode")
@@ -123,6 +112,20 @@ def launch_parts_decode(
         base += a.cfg.num_splits
     _reduce(part, out, q0, checked[0].common["G"], dict(Lse=out, HAS_LSE=False))
     return out
+
+
+def _checked_call(q, view, lengths, kv_start, out, lse,  # noqa: ANN001, ANN202
+                  min_distance, min_key):  # noqa: ANN001
+    """What every launch checks first: the kernels serve (q, view), the query's shape, the
+    buffers (`_checked_buffers`) and the masks' range; (n_q, group, lengths, kv_start, out)."""
+    reason = unsupported_reason(q, view, allow_cpu=interpreting())
+    if reason is not None:
+        raise ShapeError(f"triton_attention cannot run this call: {reason}")
+    n_q, group = check_query(q, view)
+    lengths, kv_start, out = _checked_buffers(q, view, lengths, kv_start, out, lse)
+    if not 0 <= min_distance < 2**31 or not 0 <= min_key < 2**31:
+        raise ShapeError(f"min_distance {min_distance}, min_key {min_key} must be in [0, 2^31)")
+    return n_q, group, lengths, kv_start, out
 
 
 def _score_scales(view: CacheView, scale: float | None, softcap: float | None):  # noqa: ANN202
