@@ -10,10 +10,13 @@ kvtax.attention.baselines' functions, the ones `kvtax bench` measures. Llama-3.1
 layer shapes by default, contexts as arguments, decode (1 row) and a prefill chunk at
 the end.
 
-Every call is captured in a CUDA graph and replayed; a 256 MiB write flushes L2 before
-each replay; the median of --reps replays is reported with p20/p80, plus TB/s (cache
-bytes read / time) against a streaming-read ceiling measured in the same run, TFLOP/s,
-and transient memory (peak allocation during one eager call).
+Every call is captured in a CUDA graph and replayed; a 256 MiB read evicts L2 before
+each replay (clean lines, as inside a model's decode step, whose kernels before attention
+write a few KiB; a write flush leaves L2 full of dirty lines for the timed call to write
+back, 4-10 us per decode call on an H200: `--flush write`); the median of --reps replays
+is reported with p20/p80, plus TB/s (cache bytes read / time) against a streaming-read
+ceiling measured in the same run, TFLOP/s, and transient memory (peak allocation during
+one eager call).
 
     python benchmarks/attention.py --out runs/attention
     python benchmarks/attention.py --contexts 4096 131072 --phases decode --arms kvtax-int4 sdpa-cudnn
@@ -77,7 +80,13 @@ SWEEP_DECODE = {
 # kernel "swap" (int8 / int4, G * L <= 4): swap_decode_config's keyword arguments
 SWEEP_SWAP = {"swap": {}, "swap-s3": dict(num_stages=3), "swap-sm6": dict(per_sm=6),
               "swap-sm8": dict(per_sm=8), "swap-sm12": dict(per_sm=12)}
-SWEEP_PREFILL = {"n64": dict(block_n=64), "n128": dict(block_n=128), "s4": dict(num_stages=4)}
+SWEEP_PREFILL = {"n64": dict(block_n=64), "n128": dict(block_n=128), "s4": dict(num_stages=4),
+                 "s2": dict(num_stages=2), "n64s4": dict(block_n=64, num_stages=4),
+                 "m64w4": dict(block_m=64, num_warps=4),
+                 "m64w4s2": dict(block_m=64, num_warps=4, num_stages=2),
+                 "m64w4s4": dict(block_m=64, num_warps=4, num_stages=4),
+                 "m64w4n64": dict(block_m=64, num_warps=4, block_n=64),
+                 "m128w4": dict(num_warps=4)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -94,6 +103,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--q-heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16",
+                   help="the model dtype: queries and K/V before quantization; with bfloat16 "
+                        "the float arms (kvtax-fp16, SDPA) hold bf16 K/V (default float16)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--sweep", action="store_true",
                    help="also time alternative kvtax launch configs (decode at the largest "
@@ -104,9 +116,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="names from SWEEP_DECODE, SWEEP_SWAP, SWEEP_PREFILL")
     p.add_argument("--budget-s", type=float, default=float("inf"),
                    help="start no new cell after this many seconds (rows so far are kept)")
-    p.add_argument("--flush", choices=["write", "read"], default="write",
-                   help="evict L2 between replays by writing 256 MiB (leaves dirty lines the "
-                        "timed call writes back) or by reading it (clean lines)")
+    p.add_argument("--flush", choices=["write", "read"], default="read",
+                   help="evict L2 between replays by reading 256 MiB (clean lines: the "
+                        "default since 2026-12-02) or by writing it (leaves L2 full of dirty "
+                        "lines the timed call writes back: 4-10 us per decode call on an H200)")
     p.add_argument("--kernel-times", action="store_true",
                    help="also record each kernel's mean device time (torch.profiler, eager "
                         "calls) per cell: split vs reduce, rotation, casts")
@@ -285,7 +298,8 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
     dev = "cpu" if args.dry_run else "cuda"
     b, hq, hkv, d = args.batch, args.q_heads, args.kv_heads, args.head_dim
     gen = torch.Generator(device=dev).manual_seed(ctx)
-    kv = [torch.randn(b, hkv, ctx, d, generator=gen, device=dev, dtype=torch.float16)
+    dtype = getattr(torch, args.dtype)
+    kv = [torch.randn(b, hkv, ctx, d, generator=gen, device=dev, dtype=dtype)
           for _ in range(2)]
     caches = {}
     wanted = {"fp16", "int8", "int4", "fp8"} | {KVTAX[a.split("@")[0]] for _, _, a in cells
@@ -300,7 +314,8 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
         if KVSpec.parse(fmt).key.name == "int4-c64":
             caches[fmt] = BlockKeysCache(fmt, *kv)
             continue
-        caches[fmt] = FullCache(fmt, capacity=ctx)
+        spec = "bf16" if fmt == "fp16" and dtype == torch.bfloat16 else fmt  # the float arms
+        caches[fmt] = FullCache(spec, capacity=ctx)
         caches[fmt].append(*kv)
     lengths = torch.full((b,), ctx, dtype=torch.int32, device=dev)
     for phase in args.phases:
@@ -308,7 +323,7 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
         if not arms_here:
             continue
         n_q = 1 if phase == "decode" else min(args.chunk, ctx)
-        q = torch.randn(b, hq, n_q, d, generator=gen, device=dev, dtype=torch.float16)
+        q = torch.randn(b, hq, n_q, d, generator=gen, device=dev, dtype=dtype)
         expect = triton_attention(q, caches["fp16"].view())
         for arm in arms_here:
             if time.time() - t0 > args.budget_s:

@@ -146,7 +146,7 @@ def hybrid_cases(full: bool):
     """triton_attention_lse over a hybrid cache's parts (kvtax.attention.hybrid): the
     quantized body with the min_distance / min_key masks and the fp16 sink/recent ring,
     both returning the log-sum-exp (decode kernels + reduce; with `full`, prefill)."""
-    from kvtax.attention import triton_api as ta
+    from kvtax.attention import launch, triton_api as ta
     from kvtax.cache.hybrid import HybridCache
 
     grid = [(s, d, 1, dt) for s in ("int4-g32+hk@s4r128", "int8@s4r128")
@@ -165,6 +165,15 @@ def hybrid_cases(full: bool):
             name = f"lse {spec} part{i} D{d} G4 L{n_q} {dtype}"
             yield name, lambda q=q, p=part: ta.triton_attention_lse(
                 q, p.view, min_distance=p.min_distance, min_key=p.min_key)
+    # q4's fused decode (one shared workspace, one reduce), the body beside the fp16 part
+    for dtype in (torch.float16, torch.bfloat16):
+        cache = HybridCache("q4", max_chunk=320)
+        k = torch.randn(1, 2, 320, 128, dtype=dtype)
+        cache.append(k, k)
+        q = torch.randn(1, 8, 1, 128, dtype=dtype)
+        parts = [(q, p.view, p.min_distance, p.min_key) for p in cache.view().parts]
+        yield f"parts q4 D128 G4 L1 {dtype} pdl", lambda q=q, parts=parts: _with_all_pdl(
+            lambda: launch.launch_parts_decode(parts, torch.empty_like(q)))
 
 
 def sweep_cases():

@@ -9,7 +9,7 @@
 #
 # OUT_DIR (default runs/attention-grid) receives <timestamp>/ with config.json (command,
 # GPU, versions, commit, read ceiling), rows.jsonl, rows.csv and summary.md; the summary
-# is printed last. Extra arguments go to attention.py (e.g. --flush read).
+# is printed last. Extra arguments go to attention.py (e.g. --flush write).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/attention-grid}

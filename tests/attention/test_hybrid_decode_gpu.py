@@ -89,3 +89,41 @@ def test_q4_fused_decode_replays_in_a_cuda_graph():
     graph.replay()
     want = attention(q, cache.view())
     ke.assert_close(out.float(), want.float(), atol=2e-3, rel_rms=1e-3, what="graph replay")
+
+
+def test_q4_ring_runs_beside_the_body_and_sees_what_came_before():
+    """Under PDL the body leads and the fp16 ring's kernel runs beside it (no wait of its
+    own at its start): a graph that writes the query right before attention must still
+    read each replay's new query in both parts, and the reduce must see both parts'
+    splits."""
+    from kvtax import pdl
+    from kvtax.attention import launch
+
+    q, cache = _q4(70000)
+    view = cache.view()
+    assert pdl.enabled("attention", q, False)
+    seen = []
+    real = launch._beside
+    launch._beside = lambda checked: seen.append(real(checked)) or seen[-1]
+    try:
+        attention(q, view)
+    finally:
+        launch._beside = real
+    assert [(a.cfg.kernel, a.cfg.pdl_lead, a.cfg.pdl_beside) for a in seen[0]] == [
+        ("swap", True, False), ("warp", False, True)]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    queries = [torch.randn(q.shape, generator=gen, device="cuda").half() * 4 for _ in range(8)]
+    q_in = torch.empty_like(q)
+    src = torch.empty_like(q)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q_in.copy_(src * 1.0)  # a kernel whose output the attention kernels read
+        out = attention(q_in, view)
+    atol, rel = ke.TOLERANCE[torch.float16]
+    wants = [_reference(x, view) for x in queries]
+    for step in range(40):
+        src.copy_(queries[step % len(queries)])
+        graph.replay()
+        ke.assert_close(out.float(), wants[step % len(queries)], atol=atol, rel_rms=rel,
+                        what=f"replay {step}")

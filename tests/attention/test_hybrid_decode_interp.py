@@ -204,3 +204,43 @@ def test_swap_twin_plain_int_keys_with_masks(monkeypatch):
     q, view = build("int8", d=64, h_kv=1, group=4, ctx=190, n_q=1, seed=3)
     monkeypatch.setattr(launch, "gluon_swap_reason", lambda *a: "twin under test")
     _check_swap_masks(q, view, 33, 37, what="int8 twin masks")
+
+
+def _args(kernel, **cfg):
+    from types import SimpleNamespace
+
+    from kvtax.attention.launch_table import LaunchConfig
+
+    return SimpleNamespace(q=torch.empty(1), cfg=LaunchConfig("decode", 16, 32, 1, 2, 4,
+                                                              kernel=kernel, **cfg))
+
+
+def test_the_swap_body_leads_and_the_fp16_part_runs_beside_it_under_pdl(monkeypatch):
+    """Under PDL the body (kernel "swap", most splits) launches first and lets the next
+    launch only after its own wait; the fp16 part runs beside it and keeps its
+    end-of-kernel trigger; the reduce (launched after) waits for the fp16 part alone."""
+    monkeypatch.setattr(launch.pdl, "enabled", lambda kind, t, interp: True)
+    ring, body = _args("warp", pdl_late=True), _args("swap", pdl_launch=True, pdl_late=False)
+    body.cfg = dataclasses.replace(body.cfg, num_splits=64)
+    order = launch._beside([ring, body])
+    assert order == [body, ring]
+    assert (body.cfg.pdl_launch, body.cfg.pdl_lead, body.cfg.pdl_beside) == (True, True, False)
+    assert (ring.cfg.pdl_launch, ring.cfg.pdl_late, ring.cfg.pdl_beside) == (True, True, True)
+    opts = launch.pdl_options("attention", torch.empty(1), ring.cfg)
+    assert (opts["launch_pdl"], opts["PDL_BESIDE"], "PDL_LEAD" in opts) == (True, True, False)
+    opts = launch.pdl_options("attention", torch.empty(1), body.cfg)
+    assert (opts["PDL_LEAD"], "PDL_BESIDE" in opts) == (True, False)
+
+
+@pytest.mark.parametrize("kernels", [("warp", "warp"), ("warp", "tile")])
+def test_parts_stay_in_order_without_swap_bodies(monkeypatch, kernels):
+    monkeypatch.setattr(launch.pdl, "enabled", lambda kind, t, interp: True)
+    parts = [_args(k) for k in kernels]
+    assert launch._beside(parts) == parts
+    assert not any(p.cfg.pdl_beside or p.cfg.pdl_lead for p in parts)
+
+
+def test_parts_stay_in_order_without_pdl():
+    parts = [_args("warp"), _args("swap")]
+    assert launch._beside(parts) == parts  # CPU tensors: PDL off
+    assert not any(p.cfg.pdl_beside or p.cfg.pdl_lead for p in parts)

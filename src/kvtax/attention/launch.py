@@ -7,6 +7,7 @@ constexprs and runs prefill.py, or a decode kernel then reduce.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from functools import lru_cache
@@ -101,6 +102,8 @@ def launch_parts_decode(
                              qk_scale, cap_log2, bool(softcap)))
     if q0.shape[2] == 0 or q0.shape[0] == 0:
         return out
+    if not any(rotate_partials):
+        checked = _beside(checked)
     part = decode_workspace(q0, parts[0][1].num_kv_heads,
                             sum(a.cfg.num_splits for a in checked))
     base = 0
@@ -112,6 +115,25 @@ def launch_parts_decode(
         base += a.cfg.num_splits
     _reduce(part, out, q0, checked[0].common["G"], dict(Lse=out, HAS_LSE=False))
     return out
+
+
+def _beside(checked: list[_Args]) -> list[_Args]:
+    """The parts' launch order under PDL: the part on kernel "swap" with the most splits
+    (q4's body) leads, the others (the small fp16 part) run beside it and fill the SMs its
+    last programs leave (`common.pdl_enter`'s LEAD / BESIDE), so they cost no launch
+    boundary of their own. q4 at 128k (H200): docs/BENCHMARKS.md. Unchanged without PDL
+    or without a "swap" part."""
+    swaps = [a for a in checked if a.cfg.kernel == "swap"]
+    if len(checked) < 2 or not swaps or not pdl.enabled("attention", checked[0].q,
+                                                        interpreting()):
+        return checked
+    lead = max(swaps, key=lambda a: a.cfg.num_splits)
+    order = [lead] + [a for a in checked if a is not lead]
+    lead.cfg = dataclasses.replace(lead.cfg, pdl_lead=True)
+    for i, a in enumerate(order[1:], 1):
+        late = a.cfg.pdl_late if i == len(order) - 1 else False  # the next runs beside
+        a.cfg = dataclasses.replace(a.cfg, pdl_launch=True, pdl_late=late, pdl_beside=True)
+    return order
 
 
 def _checked_call(q, view, lengths, kv_start, out, lse,  # noqa: ANN001, ANN202
@@ -361,6 +383,10 @@ def pdl_options(kind: str, q: torch.Tensor, cfg: LaunchConfig | None = None) -> 
     if opts and cfg is not None:
         opts["launch_pdl"] = opts["launch_pdl"] and cfg.pdl_launch
         opts["PDL_LATE"] = cfg.pdl_late
+        if cfg.pdl_lead:
+            opts["PDL_LEAD"] = True
+        if cfg.pdl_beside:
+            opts["PDL_BESIDE"] = True
     return opts
 
 

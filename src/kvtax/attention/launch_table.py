@@ -46,7 +46,9 @@ class LaunchConfig:
     fold: apply K/V scales to scores / P instead of every element (the tile kernel).
     pdl_launch / pdl_late: under programmatic dependent launch (kvtax.pdl), launch while
     the kernel before runs; let the reduce launch at this kernel's end, not first thing
-    (see `swap_decode_config`).
+    (see `swap_decode_config`). pdl_lead / pdl_beside: a hybrid cache's parts
+    (`launch.launch_parts_decode`): the lead waits, then lets the next launch, which runs
+    beside it.
     """
 
     path: str  # "decode" or "prefill"
@@ -59,6 +61,8 @@ class LaunchConfig:
     kernel: str = "tile"
     pdl_launch: bool = False
     pdl_late: bool = True
+    pdl_lead: bool = False
+    pdl_beside: bool = False
 
 
 @lru_cache(maxsize=None)
@@ -111,12 +115,20 @@ def decode_rows(q: torch.Tensor, view: CacheView) -> bool:
 
 def _prefill_config(q: torch.Tensor, view: CacheView) -> LaunchConfig:
     """prefill.py's tiles: float32 queries small tiles; D = 80, 96 (per-dim scale
-    gathers need registers) 8 warps; D <= 128 wide 128 x 128 tiles; D 256 64 x 64."""
+    gathers need registers) 8 warps; D <= 128 wide 128 x 128 tiles, 64 x 128 over 4 warps
+    for int4-c64 keys; D 256 64 x 64.
+
+    int4-c64 keys (a scale and bias per channel and 64-slot block, so each thread holds
+    its columns' vectors for the tile's two blocks and the next tile's) measured 35%
+    faster on 64 rows over 4 warps (H200, 64k, fp16: 273 vs 203 TFLOP/s); plain int4 gains
+    nothing there (293 vs 295). docs/KERNELS.md."""
     half = half_width(view.head_dim)
     if q.dtype == torch.float32:
         return LaunchConfig("prefill", 64, 32, 4, 2)
     if half != view.head_dim // 2:
         return LaunchConfig("prefill", 64, 64, 8, 2)
+    if half <= 64 and isinstance(view.spec.key, ChannelBlockFormat):
+        return LaunchConfig("prefill", 64, 128, 4, 3)
     if half <= 64:
         return LaunchConfig("prefill", 128, 128, 8, 3)
     return LaunchConfig("prefill", 64, 64, 4, 2)
