@@ -91,11 +91,10 @@ def test_q4_fused_decode_replays_in_a_cuda_graph():
     ke.assert_close(out.float(), want.float(), atol=2e-3, rel_rms=1e-3, what="graph replay")
 
 
-def test_q4_ring_runs_beside_the_body_and_sees_what_came_before():
-    """Under PDL the body leads and the fp16 ring's kernel runs beside it (no wait of its
-    own at its start): a graph that writes the query right before attention must still
-    read each replay's new query in both parts, and the reduce must see both parts'
-    splits."""
+def test_q4_body_runs_beside_the_ring_and_sees_what_came_before():
+    """Under PDL the body's kernel runs beside the fp16 ring's (no wait of its own at its
+    start): a graph that writes the query right before attention must still read each
+    replay's new query in both parts, and the reduce must see both parts' splits."""
     from kvtax import pdl
     from kvtax.attention import launch
 
@@ -109,8 +108,8 @@ def test_q4_ring_runs_beside_the_body_and_sees_what_came_before():
         attention(q, view)
     finally:
         launch._beside = real
-    assert [(a.cfg.kernel, a.cfg.pdl_lead, a.cfg.pdl_beside) for a in seen[0]] == [
-        ("swap", True, False), ("warp", False, True)]
+    assert [(a.cfg.kernel, a.cfg.pdl_beside) for a in seen[0]] == [
+        ("warp", False), ("swap", True)]
     gen = torch.Generator(device="cuda").manual_seed(7)
     queries = [torch.randn(q.shape, generator=gen, device="cuda").half() * 4 for _ in range(8)]
     q_in = torch.empty_like(q)

@@ -215,21 +215,33 @@ def _args(kernel, **cfg):
                                                               kernel=kernel, **cfg))
 
 
-def test_the_swap_body_leads_and_the_fp16_part_runs_beside_it_under_pdl(monkeypatch):
-    """Under PDL the body (kernel "swap", most splits) launches first and lets the next
-    launch only after its own wait; the fp16 part runs beside it and keeps its
-    end-of-kernel trigger; the reduce (launched after) waits for the fp16 part alone."""
+def test_swap_parts_run_beside_the_fp16_part_under_pdl(monkeypatch):
+    """Under PDL the fp16 part launches normally and lets the body launch first thing; the
+    body (kernel "swap") runs beside it and keeps its own end-of-kernel trigger."""
     monkeypatch.setattr(launch.pdl, "enabled", lambda kind, t, interp: True)
-    ring, body = _args("warp", pdl_late=True), _args("swap", pdl_launch=True, pdl_late=False)
-    body.cfg = dataclasses.replace(body.cfg, num_splits=64)
-    order = launch._beside([ring, body])
-    assert order == [body, ring]
-    assert (body.cfg.pdl_launch, body.cfg.pdl_lead, body.cfg.pdl_beside) == (True, True, False)
-    assert (ring.cfg.pdl_launch, ring.cfg.pdl_late, ring.cfg.pdl_beside) == (True, True, True)
-    opts = launch.pdl_options("attention", torch.empty(1), ring.cfg)
-    assert (opts["launch_pdl"], opts["PDL_BESIDE"], "PDL_LEAD" in opts) == (True, True, False)
+    ring, body = launch._beside([_args("warp", pdl_launch=True),
+                                 _args("swap", pdl_launch=False, pdl_late=True)])
+    assert (ring.cfg.pdl_launch, ring.cfg.pdl_late, ring.cfg.pdl_beside) == (False, False, False)
+    assert (body.cfg.pdl_launch, body.cfg.pdl_late, body.cfg.pdl_beside) == (True, True, True)
     opts = launch.pdl_options("attention", torch.empty(1), body.cfg)
-    assert (opts["PDL_LEAD"], "PDL_BESIDE" in opts) == (True, False)
+    assert (opts["launch_pdl"], opts["PDL_BESIDE"]) == (True, True)
+    assert "PDL_BESIDE" not in launch.pdl_options("attention", torch.empty(1), ring.cfg)
+
+
+def test_a_short_part_reads_one_tile_per_split():
+    """The fp16 part of a hybrid cache (a ring through its window) gets one split per
+    tile it reads; the body keeps its own split count."""
+    from types import SimpleNamespace
+
+    ring, body = _args("warp"), _args("swap")
+    ring.view = SimpleNamespace(ring=2176, window=128, sinks=4, num_slots=2180,
+                                k=SimpleNamespace(codes=torch.empty(1, 1, 2180, 1)))
+    body.view = SimpleNamespace(ring=0, window=None, sinks=0, num_slots=131072,
+                                k=SimpleNamespace(codes=torch.empty(1, 1, 131072, 1)))
+    ring.lengths = body.lengths = None
+    ring.q = body.q = torch.empty(1, 32, 1, 128)
+    launch._short_splits([ring, body])
+    assert (ring.cfg.num_splits, body.cfg.num_splits) == (7, 4)  # (4 + 128 + 1 + 64) / 32
 
 
 @pytest.mark.parametrize("kernels", [("warp", "warp"), ("warp", "tile")])
@@ -237,10 +249,10 @@ def test_parts_stay_in_order_without_swap_bodies(monkeypatch, kernels):
     monkeypatch.setattr(launch.pdl, "enabled", lambda kind, t, interp: True)
     parts = [_args(k) for k in kernels]
     assert launch._beside(parts) == parts
-    assert not any(p.cfg.pdl_beside or p.cfg.pdl_lead for p in parts)
+    assert not any(p.cfg.pdl_beside for p in parts)
 
 
 def test_parts_stay_in_order_without_pdl():
     parts = [_args("warp"), _args("swap")]
     assert launch._beside(parts) == parts  # CPU tensors: PDL off
-    assert not any(p.cfg.pdl_beside or p.cfg.pdl_lead for p in parts)
+    assert not any(p.cfg.pdl_beside for p in parts)

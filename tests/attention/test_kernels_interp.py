@@ -90,6 +90,27 @@ def test_sliding_window_sinks_wrapped_ring(spec, n_q):
     check(q, view, what=f"sliding-{spec}-L{n_q}")
 
 
+@pytest.mark.parametrize("ctx", [40, 150, 171, 205, 290, 333])
+@pytest.mark.parametrize("spec, sinks", [("fp16", 4), ("int8", 0), ("int4", 3)])
+def test_ring_far_wider_than_its_window_reads_the_window(spec, sinks, ctx):
+    """A ring holding a chunk's worth past its window (a hybrid cache's fp16 part): the
+    decode kernel reads only the sinks and the window's slots (one or two runs, wrapped
+    or not, inside the sinks' tile or not), and the result is still the reference's."""
+    from kvtax.cache import SlidingCache
+
+    gen = torch.Generator().manual_seed(ctx)
+    k, v = (torch.randn(1, 2, ctx, 64, generator=gen).to(DEVICE, torch.float16)
+            for _ in range(2))
+    cache = SlidingCache(spec, window=20, sinks=sinks, max_chunk=128)
+    for t0 in range(0, ctx, 17):
+        cache.append(k[:, :, t0:t0 + 17], v[:, :, t0:t0 + 17])
+    view = cache.view()
+    assert view.ring > 5 * view.window  # several 32-slot tiles, most outside the window
+    for n_q in (1, 3):
+        q = torch.randn(1, 8, n_q, 64, generator=gen).to(DEVICE, torch.float16)
+        check(q, view, what=f"wide ring {spec} ctx {ctx} L{n_q}")
+
+
 def test_sliding_window_before_wrap_and_inside_sinks():
     q, view = build("int4-g32", d=64, h_kv=1, group=2, ctx=6, n_q=2, window=16, sinks=4)
     check(q, view, what="sliding-short")

@@ -22,7 +22,7 @@ from kvtax.attention.kernels.decode_swap import decode_swap_kernel
 from kvtax.attention.kernels.decode_warp import decode_warp_kernel
 from kvtax.attention.kernels.prefill import prefill_attn_fwd_kernel
 from kvtax.attention.kernels.reduce import decode_attn_reduce_kernel
-from kvtax.attention.launch_table import LaunchConfig, launch_config
+from kvtax.attention.launch_table import LaunchConfig, launch_config, max_slots
 from kvtax.attention.support import (
     format_code, gluon_swap_kernel, gluon_swap_reason, half_width, interpreting, is_int4,
     swap_reason, unsupported_reason, v_pairs, warp_reason,
@@ -102,6 +102,7 @@ def launch_parts_decode(
                              qk_scale, cap_log2, bool(softcap)))
     if q0.shape[2] == 0 or q0.shape[0] == 0:
         return out
+    _short_splits(checked)
     if not any(rotate_partials):
         checked = _beside(checked)
     part = decode_workspace(q0, parts[0][1].num_kv_heads,
@@ -117,23 +118,47 @@ def launch_parts_decode(
     return out
 
 
+SHORT_PART_TILES = 64  # a part of at most this many tiles is read one tile per split
+
+
+def _read_tiles(a: _Args) -> int:
+    """Tiles a decode over this part reads: a ring through a window reads only the sinks
+    and the window's slots (decode_warp.py's `_window_runs`; +2 tiles for their edges)."""
+    v, n = a.view, max(max_slots(a.view, a.lengths), 1)
+    if v.ring and v.window is not None:
+        n = min(n, v.sinks + v.window + a.q.shape[2] + 2 * a.cfg.block_n)
+    return triton.cdiv(n, a.cfg.block_n)
+
+
+def _short_splits(checked: list[_Args]) -> None:
+    """One tile per split for every part but the largest, where it reads at most
+    SHORT_PART_TILES tiles: a hybrid cache's fp16 sinks + recent window read by few
+    programs per head is a chain of dependent tile loads in one warp; one tile per
+    program is one load's latency."""
+    if len(checked) < 2:
+        return
+    tiles = [_read_tiles(a) for a in checked]
+    largest = max(range(len(checked)), key=tiles.__getitem__)
+    for i, a in enumerate(checked):
+        if i != largest and tiles[i] <= SHORT_PART_TILES and a.cfg.num_splits < tiles[i]:
+            a.cfg = dataclasses.replace(a.cfg, num_splits=tiles[i])
+
+
 def _beside(checked: list[_Args]) -> list[_Args]:
-    """The parts' launch order under PDL: the part on kernel "swap" with the most splits
-    (q4's body) leads, the others (the small fp16 part) run beside it and fill the SMs its
-    last programs leave (`common.pdl_enter`'s LEAD / BESIDE), so they cost no launch
-    boundary of their own. q4 at 128k (H200): docs/BENCHMARKS.md. Unchanged without PDL
-    or without a "swap" part."""
-    swaps = [a for a in checked if a.cfg.kernel == "swap"]
-    if len(checked) < 2 or not swaps or not pdl.enabled("attention", checked[0].q,
-                                                        interpreting()):
+    """Under PDL, where the parts after the first all take kernel "swap" (q4: the fp16
+    sinks + recent window first, then the body): the first part launches normally and
+    lets the next launch first thing, and each later part runs beside the one before it
+    (`common.pdl_enter`'s BESIDE), so the small part costs no launch boundary of its own.
+    H200, 128k, q4: 0.0562 ms against 0.0589 in order (docs/BENCHMARKS.md)."""
+    if len(checked) < 2 or not pdl.enabled("attention", checked[0].q, interpreting()):
         return checked
-    lead = max(swaps, key=lambda a: a.cfg.num_splits)
-    order = [lead] + [a for a in checked if a is not lead]
-    lead.cfg = dataclasses.replace(lead.cfg, pdl_lead=True)
-    for i, a in enumerate(order[1:], 1):
-        late = a.cfg.pdl_late if i == len(order) - 1 else False  # the next runs beside
-        a.cfg = dataclasses.replace(a.cfg, pdl_launch=True, pdl_late=late, pdl_beside=True)
-    return order
+    if any(a.cfg.kernel != "swap" for a in checked[1:]):
+        return checked
+    for i, a in enumerate(checked):
+        late = a.cfg.pdl_late if i == len(checked) - 1 else False  # the next runs beside
+        a.cfg = (dataclasses.replace(a.cfg, pdl_launch=False, pdl_late=False) if i == 0 else
+                 dataclasses.replace(a.cfg, pdl_launch=True, pdl_late=late, pdl_beside=True))
+    return checked
 
 
 def _checked_call(q, view, lengths, kv_start, out, lse,  # noqa: ANN001, ANN202
@@ -383,8 +408,6 @@ def pdl_options(kind: str, q: torch.Tensor, cfg: LaunchConfig | None = None) -> 
     if opts and cfg is not None:
         opts["launch_pdl"] = opts["launch_pdl"] and cfg.pdl_launch
         opts["PDL_LATE"] = cfg.pdl_late
-        if cfg.pdl_lead:
-            opts["PDL_LEAD"] = True
         if cfg.pdl_beside:
             opts["PDL_BESIDE"] = True
     return opts

@@ -46,9 +46,8 @@ class LaunchConfig:
     fold: apply K/V scales to scores / P instead of every element (the tile kernel).
     pdl_launch / pdl_late: under programmatic dependent launch (kvtax.pdl), launch while
     the kernel before runs; let the reduce launch at this kernel's end, not first thing
-    (see `swap_decode_config`). pdl_lead / pdl_beside: a hybrid cache's parts
-    (`launch.launch_parts_decode`): the lead waits, then lets the next launch, which runs
-    beside it.
+    (see `swap_decode_config`). pdl_beside: run beside the kernel before it (a hybrid
+    cache's later part, "swap" kernels: `launch.launch_parts_decode`).
     """
 
     path: str  # "decode" or "prefill"
@@ -61,7 +60,6 @@ class LaunchConfig:
     kernel: str = "tile"
     pdl_launch: bool = False
     pdl_late: bool = True
-    pdl_lead: bool = False
     pdl_beside: bool = False
 
 

@@ -15,33 +15,28 @@ from kvtax.attention.kernels.dequant import (
 
 
 @triton.jit
-def pdl_enter(PDL: tl.constexpr, LATE: tl.constexpr, LEAD: tl.constexpr,
-              BESIDE: tl.constexpr):
+def pdl_enter(PDL: tl.constexpr, LATE: tl.constexpr, BESIDE: tl.constexpr):
     """With PDL (kvtax.pdl): let the next kernel launch (unless LATE: see pdl_exit), then
     wait for the kernels before this one to finish, before any memory access (they wrote
     q, the new K/V slot, the length; and read the partials this kernel overwrites).
 
-    A hybrid cache's parts (`launch.launch_parts_decode`) pair up instead: the LEAD part
-    waits first and only then lets the next launch, so everything the next one reads is
-    complete once it can start; that one runs BESIDE the lead (the two write disjoint
-    splits): no wait at its start, the wait moves to pdl_exit."""
+    BESIDE (a hybrid cache's later part, `launch.launch_parts_decode`): the kernel before
+    this one was launched normally and let it launch first thing, so everything this
+    kernel reads was complete before it could start, and the two write disjoint splits.
+    It runs beside that kernel instead of after it; its wait moves to pdl_exit."""
     if PDL:
-        if LEAD:
-            gdc_wait()
+        if not LATE:
             gdc_launch_dependents()
-        else:
-            if not LATE:
-                gdc_launch_dependents()
-            if not BESIDE:
-                gdc_wait()
+        if not BESIDE:
+            gdc_wait()
 
 
 @triton.jit
 def pdl_exit(PDL: tl.constexpr, LATE: tl.constexpr, BESIDE: tl.constexpr):
     """With PDL and LATE: let the next kernel launch once this program's work is done (its
     programs then wait beside this kernel's last ones only, not beside all of them).
-    BESIDE: wait for the lead here, so this kernel completes only after it (the reduce
-    after both waits for this one alone)."""
+    BESIDE: wait for the kernel before this one here, so this kernel completes only after
+    it (the reduce after both waits for this one alone)."""
     if PDL:
         if BESIDE:
             gdc_wait()

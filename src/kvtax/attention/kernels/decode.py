@@ -39,9 +39,9 @@ def decode_attn_split_kernel(
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
     HAS_KV_START: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
     PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-    PDL_LEAD: tl.constexpr = False, PDL_BESIDE: tl.constexpr = False,
+    PDL_BESIDE: tl.constexpr = False,
 ):
-    pdl_enter(PDL, PDL_LATE, PDL_LEAD, PDL_BESIDE)
+    pdl_enter(PDL, PDL_LATE, PDL_BESIDE)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(

@@ -358,7 +358,7 @@ def decode_swap_kernel(
     K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_LENS: tl.constexpr, ASM: tl.constexpr,
     PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-    PDL_LEAD: tl.constexpr = False, PDL_BESIDE: tl.constexpr = False,
+    PDL_BESIDE: tl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. Writes PartO [B*H_kv, S_total, R, D], PartM / PartL
     [B*H_kv, S_total, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator,
@@ -369,7 +369,7 @@ def decode_swap_kernel(
     Over 80 lines: the prologue, the unmasked and masked step loops and the two-stream
     merge share one register state; the per-step work is `_step`.
     """
-    pdl_enter(PDL, PDL_LATE, PDL_LEAD, PDL_BESIDE)
+    pdl_enter(PDL, PDL_LATE, PDL_BESIDE)
     DH: tl.constexpr = HEAD_DIM // 2
     DQ: tl.constexpr = HEAD_DIM // 4
     BN: tl.constexpr = 32

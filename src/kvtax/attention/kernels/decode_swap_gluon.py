@@ -173,8 +173,7 @@ def decode_swap_gluon_kernel(
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
     INT4: gl.constexpr, HAS_LENS: gl.constexpr,
     PDL: gl.constexpr = False, PDL_LATE: gl.constexpr = False, KC64: gl.constexpr = False,
-    HAS_MIN_DIST: gl.constexpr = False, PDL_LEAD: gl.constexpr = False,
-    PDL_BESIDE: gl.constexpr = False,
+    HAS_MIN_DIST: gl.constexpr = False, PDL_BESIDE: gl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
@@ -189,7 +188,7 @@ def decode_swap_gluon_kernel(
     Over 80 lines: the shared-memory ring and its cp.async issue / wait / consume span the
     whole loop, and a gluon.jit helper would take most of the kernel's layouts and buffers.
     """
-    pdl_enter(PDL, PDL_LATE, PDL_LEAD, PDL_BESIDE)
+    pdl_enter(PDL, PDL_LATE, PDL_BESIDE)
     SUB: gl.constexpr = 16
     BN: gl.constexpr = 32
     NC: gl.constexpr = 8

@@ -194,6 +194,24 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
 
 
 @triton.jit
+def _window_runs(length, n_q, num_slots, sinks, ring, window, BLOCK_N: tl.constexpr):
+    """(a_hi, b_lo, b_hi): tile-aligned slot runs [0, a_hi) and [b_lo, b_hi), disjoint,
+    that hold every slot a ring read through `window` shows to the last n_q queries: the
+    sinks, the window's slots that wrapped to the ring's start, and its slots before the
+    ring's end. Why: a ring holds a prefill chunk's worth past its window (a hybrid cache's
+    fp16 part: 2,180 slots for a 128-token window), and a decode reads ~5 tiles of them."""
+    t0 = tl.maximum(sinks, length - n_q - window + 1)  # the oldest visible ring position
+    count = tl.maximum(length - t0, 0)
+    s0 = sinks + (t0 - sinks) % ring
+    end = s0 + count  # past sinks + ring where the window wraps
+    wrapped = tl.maximum(end - (sinks + ring), 0)
+    a_hi = tl.minimum(tl.cdiv(sinks + wrapped, BLOCK_N) * BLOCK_N, num_slots)
+    b_hi = tl.minimum(tl.cdiv(tl.minimum(end, sinks + ring), BLOCK_N) * BLOCK_N, num_slots)
+    b_lo = tl.minimum(tl.maximum(a_hi, s0 // BLOCK_N * BLOCK_N), b_hi)
+    return a_hi, b_lo, b_hi
+
+
+@triton.jit
 def _first(x, off, step):
     """The first of the tiles off, off + step, off + 2 step, ... at or past slot x."""
     return off + tl.cdiv(tl.maximum(x - off, 0), step) * step
@@ -215,7 +233,7 @@ def decode_warp_kernel(
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
     PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-    PDL_LEAD: tl.constexpr = False, PDL_BESIDE: tl.constexpr = False,
+    PDL_BESIDE: tl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp: partials PartO / PartM / PartL as decode.py's, this
     launch's S splits in slots `[split_base, split_base + S)` of a workspace holding
@@ -224,7 +242,7 @@ def decode_warp_kernel(
     Over 80 lines: the prologue, the masked / unmasked / masked tile loops and the epilogue
     share one register state; the per-tile work is `_step`.
     """
-    pdl_enter(PDL, PDL_LATE, PDL_LEAD, PDL_BESIDE)
+    pdl_enter(PDL, PDL_LATE, PDL_BESIDE)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(
@@ -284,6 +302,10 @@ def decode_warp_kernel(
             last = tl.maximum(length - n_q + 1 - min_dist, 0) // BLOCK_N * BLOCK_N
             full_end = tl.maximum(full_lo, tl.minimum(hi, last))
             hi = tl.maximum(full_end, tl.minimum(hi, length - min_dist))  # skip unseen tiles
+    # a ring read through a window: only the sinks and the window's slots (<= 2 runs)
+    a_hi, b_lo, b_hi = hi, hi, hi
+    if IS_RING and HAS_WINDOW:
+        a_hi, b_lo, b_hi = _window_runs(length, n_q, num_slots, sinks, ring, window, BLOCK_N)
     # every loop walks this split's tiles off, off + step, ... from its first one past a
     # bound, so the V metadata prefetched for `start + step` is always the next tile's
     first = _first(lo, off, step)
@@ -311,16 +333,31 @@ def decode_warp_kernel(
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
             HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
-    for start in range(_first(full_end, off, step), hi, step):
+    for start in range(_first(full_end, off, step), a_hi, step):
         (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
          vs_lo, vb_lo, vs_hi, vb_hi) = _step(
             acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
+            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, a_hi,
             length, kv0,
             p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
             sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
             K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
             HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
+    if IS_RING and HAS_WINDOW:  # the window's second run: its first tile's metadata anew
+        first = _first(b_lo, off, step)
+        vs_lo, vb_lo, vs_hi, vb_hi = tile_meta(p_vs, p_vb, first,
+                                               (first + tl.arange(0, BLOCK_N)) < b_hi, s_vm_t,
+                                               BLOCK_N, V_FMT, V_NG)
+        for start in range(first, b_hi, step):
+            (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+             vs_lo, vb_lo, vs_hi, vb_hi) = _step(
+                acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+                vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step,
+                b_hi, length, kv0,
+                p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
+                sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+                K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
+                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
 
     # partials: PartO [B*H_kv, splits_total, R, D], PartM / PartL [B*H_kv, splits_total, R]
     row = (pid_bh.to(tl.int64) * splits_total + split_base + split) * n_rows + o_m

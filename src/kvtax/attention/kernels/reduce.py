@@ -24,7 +24,7 @@ def decode_attn_reduce_kernel(
     SPLITS_PAD: tl.constexpr, SPLIT_BLOCK: tl.constexpr, HAS_LSE: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    pdl_enter(PDL, False, False, False)  # the next kernel launches first thing (a reduce is short)
+    pdl_enter(PDL, False, False)  # the next kernel launches first thing (a reduce is short)
     pid_bh = tl.program_id(0)
     r = tl.program_id(1)
     d0 = tl.program_id(2) * D_BLOCK
