@@ -312,52 +312,42 @@ def decode_warp_kernel(
     vs_lo, vb_lo, vs_hi, vb_hi = tile_meta(p_vs, p_vb, first,
                                        (first + tl.arange(0, BLOCK_N)) < hi, s_vm_t, BLOCK_N,
                                        V_FMT, V_NG)
-    if HAS_MIN_DIST:
-        for start in range(first, full_lo, step):
-            (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-         vs_lo, vb_lo, vs_hi, vb_hi) = _step(
-                acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-                vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step,
-                hi, length, kv0,
-                p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
-                sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
-                K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
-                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
-    for start in range(_first(full_lo, off, step), full_end, step):
-        (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-         vs_lo, vb_lo, vs_hi, vb_hi) = _step(
-            acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
-            length, kv0,
-            p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
-            sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
-            K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, False, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
-    for start in range(_first(full_end, off, step), a_hi, step):
-        (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-         vs_lo, vb_lo, vs_hi, vb_hi) = _step(
-            acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-            vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, a_hi,
-            length, kv0,
-            p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
-            sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
-            K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP, IEEE,
-            HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
-    if IS_RING and HAS_WINDOW:  # the window's second run: its first tile's metadata anew
-        first = _first(b_lo, off, step)
-        vs_lo, vb_lo, vs_hi, vb_hi = tile_meta(p_vs, p_vb, first,
-                                               (first + tl.arange(0, BLOCK_N)) < b_hi, s_vm_t,
-                                               BLOCK_N, V_FMT, V_NG)
-        for start in range(first, b_hi, step):
-            (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-             vs_lo, vb_lo, vs_hi, vb_hi) = _step(
-                acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
-                vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step,
-                b_hi, length, kv0,
-                p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
-                sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
-                K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, True, IS_RING, HAS_WINDOW, SOFTCAP,
-                IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key, HAS_MIN_DIST)
+    # runs of tiles, each walked by one loop: 0 the hybrid body's masked head [lo, full_lo),
+    # 1 the unmasked middle [full_lo, full_end), 2 the masked tail [full_end, a_hi), 3 a
+    # windowed ring's second run [b_lo, b_hi); `hi` / a_hi / b_hi bound the valid slots
+    for run in tl.static_range(4):
+        if (run != 0 or HAS_MIN_DIST) and (run != 3 or (IS_RING and HAS_WINDOW)):
+            if run == 0:
+                run_lo = lo
+                run_hi = full_lo
+                valid = hi
+            elif run == 1:
+                run_lo = full_lo
+                run_hi = full_end
+                valid = hi
+            elif run == 2:
+                run_lo = full_end
+                run_hi = a_hi
+                valid = a_hi
+            else:  # its first tile's metadata anew: this run does not follow the last
+                run_lo = b_lo
+                run_hi = b_hi
+                valid = b_hi
+                first = _first(b_lo, off, step)
+                vs_lo, vb_lo, vs_hi, vb_hi = tile_meta(
+                    p_vs, p_vb, first, (first + tl.arange(0, BLOCK_N)) < b_hi, s_vm_t,
+                    BLOCK_N, V_FMT, V_NG)
+            for start in range(_first(run_lo, off, step), run_hi, step):
+                (acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+                 vs_lo, vb_lo, vs_hi, vb_hi) = _step(
+                    acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
+                    vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start,
+                    step, valid, length, kv0,
+                    p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
+                    sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+                    K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, run != 1, IS_RING, HAS_WINDOW,
+                    SOFTCAP, IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key,
+                    HAS_MIN_DIST)
 
     # partials: PartO [B*H_kv, splits_total, R, D], PartM / PartL [B*H_kv, splits_total, R]
     row = (pid_bh.to(tl.int64) * splits_total + split_base + split) * n_rows + o_m
