@@ -239,7 +239,7 @@ def decode_warp_kernel(
     launch's S splits in slots `[split_base, split_base + S)` of a workspace holding
     `splits_total` per row (several launches may share one reduce: a hybrid cache's parts).
 
-    Over 80 lines: the prologue, the masked / unmasked / masked tile loops and the epilogue
+    Over 80 lines: the prologue, the loop over runs of tiles (masked or not) and the epilogue
     share one register state; the per-tile work is `_step`.
     """
     pdl_enter(PDL, PDL_LATE, PDL_BESIDE)
