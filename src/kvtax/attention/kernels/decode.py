@@ -39,9 +39,8 @@ def decode_attn_split_kernel(
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, FOLD_K: tl.constexpr, FOLD_V: tl.constexpr,
     HAS_KV_START: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
     PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-    PDL_BESIDE: tl.constexpr = False,
 ):
-    pdl_enter(PDL, PDL_LATE, PDL_BESIDE)
+    pdl_enter(PDL, PDL_LATE, False)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(
@@ -93,4 +92,4 @@ def decode_attn_split_kernel(
     m_q = m_row[:, None] & (o_d < DH)[None, :]
     tl.store(p_o + o_d[None, :], acc_lo, mask=m_q)
     tl.store(p_o + (o_d + DH)[None, :], acc_hi, mask=m_q)
-    pdl_exit(PDL, PDL_LATE, PDL_BESIDE)
+    pdl_exit(PDL, PDL_LATE, False)

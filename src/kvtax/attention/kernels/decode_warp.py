@@ -233,7 +233,6 @@ def decode_warp_kernel(
     HAS_LENS: tl.constexpr, IEEE: tl.constexpr, HAS_KV_START: tl.constexpr,
     ASM: tl.constexpr, V_PAIRS: tl.constexpr, HAS_MIN_DIST: tl.constexpr,
     PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-    PDL_BESIDE: tl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp: partials PartO / PartM / PartL as decode.py's, this
     launch's S splits in slots `[split_base, split_base + S)` of a workspace holding
@@ -242,7 +241,7 @@ def decode_warp_kernel(
     Over 80 lines: the prologue, the loop over runs of tiles (masked or not) and the epilogue
     share one register state; the per-tile work is `_step`.
     """
-    pdl_enter(PDL, PDL_LATE, PDL_BESIDE)
+    pdl_enter(PDL, PDL_LATE, False)
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(
@@ -366,4 +365,4 @@ def decode_warp_kernel(
             acc_hi = acc_hi * t_v + bias_hi[:, None]
         tl.store(p_o + o_d[None, :], acc_lo, mask=m_row[:, None])
         tl.store(p_o + (o_d + DH)[None, :], acc_hi, mask=m_row[:, None])
-    pdl_exit(PDL, PDL_LATE, PDL_BESIDE)
+    pdl_exit(PDL, PDL_LATE, False)
