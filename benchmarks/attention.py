@@ -56,7 +56,8 @@ from kvtax.attention import attention  # noqa: E402
 from kvtax.cache import FullCache  # noqa: E402
 from kvtax.cache.hybrid import HybridCache  # noqa: E402
 from kvtax.formats import KVSpec  # noqa: E402
-from kvtax.harness.bench.gpu_timer import WARMUP_MS, Timer  # noqa: E402
+from kvtax.harness.bench.gpu_timer import WARMUP_MS, Timer, stats  # noqa: E402
+from kvtax.harness.bench.step_profile import attention_critical_us, critical_path  # noqa: E402
 from kvtax.harness.bench.gpu_timer import git_commit as _git_commit  # noqa: E402
 
 KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8",
@@ -120,6 +121,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="evict L2 between replays by reading 256 MiB (clean lines: the "
                         "default since 2026-12-02) or by writing it (leaves L2 full of dirty "
                         "lines the timed call writes back: 4-10 us per decode call on an H200)")
+    p.add_argument("--in-layer", choices=["store+o", "store", "off"], default="store+o",
+                   help="also time each kvtax decode arm between its neighbours in a decode "
+                        "step, attention charged on the critical path as decode.py --profile "
+                        "charges a model layer's: after the cache store of the step's token "
+                        "and before the o projection's GEMV (store+o, default), after the "
+                        "store only (store), or not (off)")
     p.add_argument("--kernel-times", action="store_true",
                    help="also record each kernel's mean device time (torch.profiler, eager "
                         "calls) per cell: split vs reduce, rotation, casts")
@@ -318,6 +325,7 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
         caches[fmt] = FullCache(spec, capacity=ctx)
         caches[fmt].append(*kv)
     lengths = torch.full((b,), ctx, dtype=torch.int32, device=dev)
+    last = tuple(x[:, :, -1:].clone() for x in kv)  # the newest token, for in_layer
     for phase in args.phases:
         arms_here = [a for c, ph, a in cells if ph == phase]
         if not arms_here:
@@ -328,7 +336,8 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
         for arm in arms_here:
             if time.time() - t0 > args.budget_s:
                 return
-            yield run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args)
+            yield run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args,
+                           last)
     del kv, caches
     if not args.dry_run:
         torch.cuda.empty_cache()
@@ -353,7 +362,7 @@ class BlockKeysCache:
         return self._view
 
 
-def run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args) -> dict:
+def run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args, last) -> dict:
     b, hq, n_q, d = q.shape
     row = dict(arm=arm, phase=phase, ctx=ctx, rows=n_q, batch=b, q_heads=hq,
                kv_heads=args.kv_heads, head_dim=d, status="ok", note="")
@@ -364,6 +373,11 @@ def run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args) 
         row["rel_err_vs_fp16"] = rel_err(out, expect)
         del out
         ms, p20, p80 = timer(fn)
+        if phase == "decode" and args.in_layer != "off" and not args.dry_run:
+            try:  # an extra reading: its failure must not cost the cell its timing
+                row.update(in_layer(arm, fn, caches, last, ctx, timer, args.in_layer))
+            except Exception as exc:  # noqa: BLE001
+                row["in_layer_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
         if args.kernel_times and not args.dry_run:
             row["kernel_us"] = kernel_times(fn)
         if args.introspect and phase == "decode" and arm.split("@")[0] in KVTAX:
@@ -382,6 +396,48 @@ def run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args) 
     if not args.dry_run:
         torch.cuda.empty_cache()
     return row
+
+
+def in_layer(arm, fn, caches, last, ctx, timer, mode) -> dict:
+    """A kvtax decode arm as a model's decode step runs it, between its neighbours: the
+    cache store of the step's token before it (here the newest token written again at
+    position ctx - 1: the cache is unchanged) and, with mode "store+o", the o projection's
+    fused GEMV after it (Llama-3.1-8B's: [H_q * D, H_q * D] weight, residual added). Under
+    PDL the attention kernels overlap the store and the GEMV's first weight tile overlaps
+    them, as in the model. Attention (split + reduce) is charged on the critical path
+    (kvtax.harness.bench.step_profile), as `decode.py --profile` charges each layer's.
+    {} for arms whose cache has no device-side store."""
+    from kvtax.models.gemv import gemv
+
+    cache = caches.get(KVTAX.get(arm))
+    if not isinstance(cache, FullCache) or cache.device_write_blocker() is not None:
+        return {}
+    k, v = last
+    pos = torch.full((1,), ctx - 1, dtype=torch.int64, device=k.device)
+    out = fn()  # [B, H_q, 1, D]
+    b, width = k.shape[0], out.shape[1] * out.shape[-1]
+    gen = torch.Generator(device=k.device).manual_seed(ctx)
+    wo = torch.randn(width, width, generator=gen, device=k.device, dtype=k.dtype) / width**0.5
+    resid = torch.randn(b, width, generator=gen, device=k.device, dtype=k.dtype)
+
+    def step():
+        cache.write_at(k, v, pos)
+        out = fn()
+        return gemv(out.reshape(b, width), wo, residual=resid) if mode == "store+o" else out
+
+    runs = timer.replay_spans(step)
+    ms, p20, p80 = (t / 1e3 for t in stats(attention_critical_us(runs)))
+    # one GEMV per run: critical_path names GEMVs by a step's order, whose first is qkv
+    roles = [{("o gemv" if r == "qkv" else r): us for r, us in critical_path(run, 1, 1).items()}
+             for run in runs]
+    spans: dict[str, list[float]] = {}
+    for run in runs:
+        for name, start, end in run:
+            spans.setdefault(name[:48], []).append(end - start)
+    return dict(in_layer=mode, in_layer_ms=ms, in_layer_p20_ms=p20, in_layer_p80_ms=p80,
+                in_layer_us_by_role={r: round(stats([x.get(r, 0.0) for x in roles])[0], 2)
+                                     for r in sorted({r for x in roles for r in x})},
+                in_layer_kernel_us={n: round(stats(v)[0], 2) for n, v in spans.items()})
 
 
 def kernel_times(fn, calls: int = 10) -> dict[str, float]:

@@ -57,17 +57,7 @@ class Timer:
                 fn()
                 ts.append((time.perf_counter() - t0) * 1e3)
             return ts
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up (compile, workspaces) off the capture
-            fn()
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
-        self._warm(graph)
+        graph = self._capture(fn)
         events = []
         for _ in range(reps):
             self.evict()
@@ -81,6 +71,45 @@ class Timer:
         del graph
         return ts
 
+    def replay_spans(self, fn, reps: int | None = None) -> list[list[tuple[str, float, float]]]:
+        """Kernel spans (name, start µs, end µs) inside each of `reps` timed replays of
+        `fn`'s graph, captured and warmed up as `samples` does, L2 evicted before each; from
+        torch.profiler (CUPTI reports the kernels inside a replayed graph). The eviction's
+        own kernels separate the replays and are left out."""
+        from torch.profiler import ProfilerActivity, profile
+
+        from kvtax.harness.bench.step_profile import kernel_spans
+
+        reps = self.reps if reps is None else reps
+        graph = self._capture(fn)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            self.evict()
+            torch.cuda.synchronize()
+        flush = {name for name, _, _ in kernel_spans(prof)}
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                self.evict()
+                graph.replay()
+            torch.cuda.synchronize()
+        del graph
+        return split_replays(kernel_spans(prof), flush)
+
+    def _capture(self, fn) -> torch.cuda.CUDAGraph:
+        """`fn` captured in a CUDA graph (after two warm-up calls on a side stream, which
+        compile and allocate off the capture), replayed for warmup_ms."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        self._warm(graph)
+        return graph
+
     def _warm(self, graph) -> None:
         """Replay `graph` (evicting L2 before each) until warmup_ms of wall time passed."""
         if self.warmup_ms <= 0:
@@ -92,6 +121,20 @@ class Timer:
                 self.evict()
                 graph.replay()
             torch.cuda.synchronize()
+
+
+def split_replays(spans: list[tuple[str, float, float]],
+                  separators: set[str]) -> list[list[tuple[str, float, float]]]:
+    """`spans` (name, start, end) in start order, cut into the runs between kernels named
+    in `separators` (the L2 eviction before each replay), which are dropped."""
+    runs: list[list[tuple[str, float, float]]] = [[]]
+    for span in sorted(spans, key=lambda s: s[1]):
+        if span[0] in separators:
+            if runs[-1]:
+                runs.append([])
+        else:
+            runs[-1].append(span)
+    return [r for r in runs if r]
 
 
 def stats(ts: list[float]) -> tuple[float, float, float]:

@@ -116,6 +116,18 @@ def critical_path(spans: list[tuple[str, float, float]], n: int, layers: int) ->
     return {k: round(v / n, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
+ATTENTION_ROLES = ("attention", "attention reduce")
+
+
+def attention_critical_us(runs: list[list[tuple[str, float, float]]]) -> list[float]:
+    """µs of decode attention (split + reduce) on the critical path of each run of kernel
+    spans, charged as `critical_path` charges it in a model's step: from the end of the
+    kernel before it (the cache store), not from its own launch. So a standalone call
+    timed behind its store compares with `decode.py --profile`'s per-layer figure."""
+    return [sum(critical_path(run, 1, layers=1).get(r, 0.0) for r in ATTENTION_ROLES)
+            for run in runs]
+
+
 def gemv_by_shape(prof, n: int, model) -> dict:  # noqa: ANN001
     """Per projection (qkv, o, gate_up, down, lm_head): µs per call of the fused GEMV
     kernel, its weight bytes over that time (TB/s), and the idle µs before it (the end of
