@@ -121,12 +121,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="evict L2 between replays by reading 256 MiB (clean lines: the "
                         "default since 2026-12-02) or by writing it (leaves L2 full of dirty "
                         "lines the timed call writes back: 4-10 us per decode call on an H200)")
-    p.add_argument("--in-layer", choices=["store+o", "store", "off"], default="store+o",
-                   help="also time each kvtax decode arm between its neighbours in a decode "
-                        "step, attention charged on the critical path as decode.py --profile "
-                        "charges a model layer's: after the cache store of the step's token "
-                        "and before the o projection's GEMV (store+o, default), after the "
-                        "store only (store), or not (off)")
+    p.add_argument("--in-layer", choices=["layer", "store", "off"], default="layer",
+                   help="also time each kvtax decode arm as a decoder layer runs it, "
+                        "attention charged on the critical path as decode.py --profile "
+                        "charges a model layer's: layer (default) between the qkv GEMV + "
+                        "cache store before it and the o GEMV after it; store: after the "
+                        "cache store only; off")
     p.add_argument("--kernel-times", action="store_true",
                    help="also record each kernel's mean device time (torch.profiler, eager "
                         "calls) per cell: split vs reduce, rotation, casts")
@@ -399,44 +399,54 @@ def run_cell(arm, phase, ctx, q, caches, lengths, expect, timer, ceiling, args, 
 
 
 def in_layer(arm, fn, caches, last, ctx, timer, mode) -> dict:
-    """A kvtax decode arm as a model's decode step runs it, between its neighbours: the
-    cache store of the step's token before it (here the newest token written again at
-    position ctx - 1: the cache is unchanged) and, with mode "store+o", the o projection's
-    fused GEMV after it (Llama-3.1-8B's: [H_q * D, H_q * D] weight, residual added). Under
-    PDL the attention kernels overlap the store and the GEMV's first weight tile overlaps
-    them, as in the model. Attention (split + reduce) is charged on the critical path
-    (kvtax.harness.bench.step_profile), as `decode.py --profile` charges each layer's.
-    {} for arms whose cache has no device-side store."""
+    """A kvtax decode arm as a decoder layer's decode step runs it. mode "layer": the
+    attention half of a Llama-3.1-8B layer around it, kvtax's fused GEMVs as the model
+    launches them: RMSNorm + qkv projection + RoPE, the cache store of the step's token (the
+    newest token written again at position ctx - 1: the cache is unchanged), attention, the
+    o projection + residual. Under PDL the store and the attention kernels launch early and
+    overlap what runs before them, and the o GEMV's first weight tile overlaps them, as in
+    the model (the GEMVs' outputs are not attention's inputs here; only their timing
+    matters). mode "store": the store and attention only. Attention (split + reduce) is
+    charged on the critical path (kvtax.harness.bench.step_profile), as `decode.py
+    --profile` charges each layer's. {} for arms whose cache has no device-side store."""
     from kvtax.models.gemv import gemv
+    from kvtax.models.rope import inv_frequencies
 
     cache = caches.get(KVTAX.get(arm))
     if not isinstance(cache, FullCache) or cache.device_write_blocker() is not None:
         return {}
     k, v = last
-    pos = torch.full((1,), ctx - 1, dtype=torch.int64, device=k.device)
+    dev, dt = k.device, k.dtype
+    pos = torch.full((1,), ctx - 1, dtype=torch.int64, device=dev)
     out = fn()  # [B, H_q, 1, D]
-    b, width = k.shape[0], out.shape[1] * out.shape[-1]
-    gen = torch.Generator(device=k.device).manual_seed(ctx)
-    wo = torch.randn(width, width, generator=gen, device=k.device, dtype=k.dtype) / width**0.5
-    resid = torch.randn(b, width, generator=gen, device=k.device, dtype=k.dtype)
+    b, hq, d, hkv = k.shape[0], out.shape[1], out.shape[-1], k.shape[1]
+    width, n_qkv = hq * d, (hq + 2 * hkv) * d
+    gen = torch.Generator(device=dev).manual_seed(ctx)
+    w = {n: torch.randn(rows, width, generator=gen, device=dev, dtype=dt) / width**0.5
+         for n, rows in (("qkv", n_qkv), ("o", width))}
+    x = torch.randn(b, width, generator=gen, device=dev, dtype=dt)
+    norm = torch.ones(width, device=dev, dtype=dt)
+    rope = (pos, inv_frequencies(d, 500000.0, None).to(dev), (hq + hkv) * d)
 
     def step():
+        if mode == "layer":
+            gemv(x, w["qkv"], norm_weight=norm, rope=rope)
         cache.write_at(k, v, pos)
         out = fn()
-        return gemv(out.reshape(b, width), wo, residual=resid) if mode == "store+o" else out
+        if mode == "layer":
+            gemv(out.reshape(b, width), w["o"], residual=x)
+        return out
 
     runs = timer.replay_spans(step)
     ms, p20, p80 = (t / 1e3 for t in stats(attention_critical_us(runs)))
-    # one GEMV per run: critical_path names GEMVs by a step's order, whose first is qkv
-    roles = [{("o gemv" if r == "qkv" else r): us for r, us in critical_path(run, 1, 1).items()}
-             for run in runs]
+    roles = [critical_path(run, 1, 1) for run in runs]  # its GEMVs are named qkv, o
     spans: dict[str, list[float]] = {}
     for run in runs:
         for name, start, end in run:
             spans.setdefault(name[:48], []).append(end - start)
     return dict(in_layer=mode, in_layer_ms=ms, in_layer_p20_ms=p20, in_layer_p80_ms=p80,
-                in_layer_us_by_role={r: round(stats([x.get(r, 0.0) for x in roles])[0], 2)
-                                     for r in sorted({r for x in roles for r in x})},
+                in_layer_us_by_role={r: round(stats([ro.get(r, 0.0) for ro in roles])[0], 2)
+                                     for r in sorted({r for ro in roles for r in ro})},
                 in_layer_kernel_us={n: round(stats(v)[0], 2) for n, v in spans.items()})
 
 

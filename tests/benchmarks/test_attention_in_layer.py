@@ -50,7 +50,7 @@ def _row(arm: str, ms: float, behind: float | None, frac: float | None, ctx: int
     row = dict(arm=arm, phase="decode", ctx=ctx, rows=1, status="ok", median_ms=ms, tbps=1.0,
                tflops=0.0, transient_mib=0.0, frac_ceiling=frac)
     if behind is not None:
-        row.update(in_layer="store+o", in_layer_ms=behind)
+        row.update(in_layer="layer", in_layer_ms=behind)
     return row
 
 
