@@ -13,7 +13,7 @@ from kvtax.cache.full import FullCache
 from kvtax.cache.hybrid import HybridCache
 from kvtax.cache.sliding import SlidingCache
 from kvtax.formats import KVSpec
-from kvtax.formats.hybrid import HybridSpec, parse_kv
+from kvtax.formats.hybrid import HybridSpec, parse_kv, sliding_form
 
 Spec = str | KVSpec | HybridSpec
 
@@ -33,7 +33,9 @@ def make_caches(
 
     windows:      per layer, None for full attention or the sliding window size.
     spec:         format of full-attention layers (e.g. "int4", "k8v4", "int4+hk@s4r128").
-    sliding_spec: format of sliding layers (default: `spec`); "fp16" keeps them unquantized.
+    sliding_spec: format of sliding layers (default: `spec`, or the form its short name
+                  stores there, kvtax.formats.spec.SLIDING_FORMS: q4's sliding layers hold
+                  int4+hk@s4r32); "fp16" keeps them unquantized.
     overrides:    layer index → format, applied last (e.g. keep layer 0 in fp16).
     capacity:     preallocate full caches to this many tokens (prompt + max new tokens).
     A hybrid format (`@s<S>r<R>`) gives that layer a HybridCache (a sliding layer's has no
@@ -47,7 +49,10 @@ def make_caches(
         raise ValueError(f"overrides name layers {bad} outside 0..{len(windows) - 1}")
     caches: list[BaseCache] = []
     for i, window in enumerate(windows):
-        layer_spec = overrides.get(i, spec if window is None else (sliding_spec or spec))
+        if window is None:
+            layer_spec = overrides.get(i, spec)
+        else:
+            layer_spec = overrides.get(i, sliding_spec or sliding_form(spec) or spec)
         # a plain name goes on as given: the caches fit its group size to the head_dim
         if isinstance(parse_kv(layer_spec), HybridSpec):
             hybrid = HybridCache(layer_spec, window=window, capacity=capacity,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvtax.errors import FormatError
-from kvtax.formats.spec import KVSpec, expand_short, fit_head_dim
+from kvtax.formats.spec import SLIDING_FORMS, KVSpec, expand_short, fit_head_dim
 
 _SUFFIX_RE = re.compile(r"^(?:s(?P<s>\d+))?(?:r(?P<r>\d+))?$")
 
@@ -91,6 +91,17 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
     if not spec.is_quantized:
         raise FormatError(f"spec {text!r}: the body {spec.name} is not quantized; drop the '@…'")
     return HybridSpec(spec, int(m["s"] or 0), int(m["r"] or 0))
+
+
+def sliding_form(spec: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec | None":
+    """What a sliding-window layer stores under `spec` when a short name says it differs
+    (`SLIDING_FORMS`: q4's sliding layers keep per-token int4 keys), else None. Matched by
+    what the spec is, so "q4" and its expansion "k4-c64v4@s4r128" both have it."""
+    name = parse_kv(spec).name
+    for short, form in SLIDING_FORMS.items():
+        if parse_kv(short).name == name:
+            return parse_kv(form)
+    return None
 
 
 def fit_kv_name(text: str, head_dim: int) -> str:

@@ -50,6 +50,12 @@ DEFAULT_KV = "int8+hk+ck"
 # q3: 3-bit keys (per channel) and values (groups of 32), 0.238 of fp16's bytes; no fused
 # kernel yet.
 SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4-c64v4@s4r128", "q3": "k3-c64v3-g32@s4r128"}
+# What a short name stores on a sliding-window layer where that differs. int4-c64 keys need
+# >= 63 fp16 recent tokens (a query never reads a block still open), so on a 512-token
+# window q4's 128 recent tokens weigh a quarter of the layer: Gemma-3-270M (15 of 18 layers
+# slide) held 0.353 of fp16's bytes at 8k. Per-token int4 keys, Hadamard-rotated, with 32
+# fp16 recent tokens: 0.308 at 8k, 0.290 at 32k (docs/QUALITY.md).
+SLIDING_FORMS = {"q4": "int4+hk@s4r32"}
 
 
 def expand_short(text: str) -> str:

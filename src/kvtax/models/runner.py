@@ -76,7 +76,8 @@ class Runner:
                 without `-g<N>` takes a group size dividing head_dim (`fit_head_dim`;
                 `runner.spec.name` says which: int8-g32+hk+ck at head_dim 96). A hybrid
                 format (`int4+hk@s4r128`: fp16 sinks and recent window) decodes eagerly.
-    sliding_kv: format of sliding-window layers (default: `kv`), e.g. "fp16".
+    sliding_kv: format of sliding-window layers (default: `kv`, or the form its short name
+                stores there: q4 → int4+hk@s4r32, kvtax.formats.spec.SLIDING_FORMS), e.g. "fp16".
     chunk_size: prefill chunk in tokens (bounds activation memory at long prompts).
     cuda_graph: None → on for CUDA models; False forces eager decode.
     overrides:  layer index → format (e.g. keep layer 0 in fp16).
