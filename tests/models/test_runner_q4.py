@@ -1,5 +1,7 @@
 """The q4 short name through the Runner: chunked prefill and decode give the logits of one
-whole prefill (q4's body reads only complete 64-token blocks), on full and sliding layers."""
+whole prefill (q4's body reads only complete 64-token blocks), on full and sliding layers;
+the CUDA-graph decode step (write_at at a device position) equals eager decode, and the
+runner captures it where the kernels serve the caches."""
 
 from __future__ import annotations
 
@@ -8,8 +10,12 @@ import dataclasses
 import pytest
 import torch
 
+from kvtax.attention.baselines import ATTENTION_PATHS
+from kvtax.harness.bench.hooks import use_attention
 from kvtax.models import Runner, load_model
 from kvtax.models.config import get_config
+from kvtax.models.decode_graph import cache_key, decode_step_fn, graph_blocker
+from kvtax.models.sampling import sample
 from tests.support.tensors import assert_close
 
 
@@ -38,3 +44,115 @@ def test_q4_logits_do_not_depend_on_chunking(name) -> None:
     ref = fp16.prefill(ids[:, :400], caches)
     gap = (logits[0][0] - ref).abs().max()
     assert 0 < gap < 1.0, "q4 differs from fp16 KV, a little"
+
+
+def _peaked(source, **kw) -> torch.nn.Module:
+    """A random model with weights x2 (top-1 margins an argmax survives rounding with,
+    as tests/models/test_runner.py's)."""
+    model = load_model(source, seed=3, **kw)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" not in n:
+                p.mul_(2.0)
+    return model
+
+
+def _config(name: str):
+    """`name`'s config, a sliding window past q4's 128 recent tokens (a c64 sliding body)."""
+    cfg = get_config(name)
+    return dataclasses.replace(cfg, sliding_window=300) if cfg.sliding_window else cfg
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("kv", ["q4", "k4-c64v4+hk+ck@s4r128"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-gemma3"])
+def test_q4_captured_step_equals_eager_decode(name, kv) -> None:
+    """The step a CUDA graph captures (`decode_step_fn`: K/V written at a device position,
+    lengths from device tensors, the host counts advanced after), run eagerly on CPU, gives
+    eager decode's logits exactly, through blocks that end and start and the fp16 ring's
+    wrap; batch 2."""
+    model = load_model(_config(name), seed=3)
+    runner = Runner(model, kv=kv, chunk_size=64)
+    prompt = torch.randint(0, 256, (2, 150), generator=torch.Generator().manual_seed(1))
+    eager, graph = runner.make_caches(capacity=230), runner.make_caches(capacity=230)
+    la, lb = runner.prefill(prompt, eager), runner.prefill(prompt, graph)
+    tokens = torch.zeros(2, 1, dtype=torch.long)
+    pos = torch.full((1,), 150, dtype=torch.long)
+    length = torch.full((2,), 151, dtype=torch.int32)
+    step = decode_step_fn(model, graph, tokens, pos, length)
+    for i in range(80):
+        tok = la.argmax(-1, keepdim=True)
+        la = runner.decode_step(tok, eager)
+        tokens.copy_(tok)
+        lb = step()
+        for c in graph:
+            c.advance(1)
+        pos += 1
+        length += 1
+        assert torch.equal(lb, la), f"{name} {kv}: step {i}"
+
+
+def _prefilled(name: str, kv: str, capacity: int | None = 200):
+    model = load_model(_config(name), seed=3)
+    runner = Runner(model, kv=kv, chunk_size=64)
+    caches = runner.make_caches(capacity=capacity)
+    runner.prefill(torch.randint(0, 256, (1, 150), generator=torch.Generator().manual_seed(2)),
+                   caches)
+    return model, caches
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-gemma3"])
+def test_graph_blocker_lets_q4_through_where_the_kernels_serve(name, monkeypatch) -> None:
+    """Presized q4 caches (full layers, and a c64 sliding body) pass once the kernels
+    serve CPU tensors (the interpreter standing in for CUDA); else one clear reason each."""
+    from kvtax.attention import triton_api
+
+    model, caches = _prefilled(name, "q4")
+    assert "not on a CUDA device" in graph_blocker(model, caches)
+    serve = triton_api.unsupported_reason
+    monkeypatch.setattr(triton_api, "unsupported_reason",
+                        lambda q, view: serve(q, view, allow_cpu=True))
+    assert graph_blocker(model, caches) is None
+    assert cache_key(caches) == cache_key(caches) != cache_key(_prefilled(name, "q4")[1])
+    _, growable = _prefilled(name, "q4", capacity=None)
+    assert "may grow" in graph_blocker(model, growable)
+    empty = Runner(model, kv="q4").make_caches(capacity=200)
+    assert "empty" in graph_blocker(model, empty)
+    _, int3 = _prefilled(name, "k3-c64v4@s4r128")
+    assert "int3-c64 has no kernel" in graph_blocker(model, int3)
+    with use_attention(model, ATTENTION_PATHS["dequant"]):
+        assert "does not read hybrid caches" in graph_blocker(model, caches)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["tiny", "tiny-gemma3"])
+@pytest.mark.parametrize("kv", ["q4", "k4-c64v4+hk+ck@s4r128"])
+def test_q4_cuda_graph_and_eager_give_the_same_tokens(name, kv) -> None:
+    """Runner(kv="q4") captures its decode step (greedy and logits graphs) and decodes
+    eager decoding's tokens, across block boundaries and a recall-style trim."""
+    model = _peaked(_config(name), dtype=torch.bfloat16, device="cuda")
+    prompt = torch.randint(0, 256, (1, 150), generator=torch.Generator().manual_seed(0))
+    graph = Runner(model, kv=kv, chunk_size=64)
+    eager = Runner(model, kv=kv, chunk_size=64, cuda_graph=False)
+    got = graph.generate(prompt, 80, ignore_eos=True)
+    want = eager.generate(prompt, 80, ignore_eos=True)
+    assert got.cuda_graph, graph.graph_disabled_reason
+    assert got.tokens == want.tokens
+
+    runs = []
+    for runner in (graph, eager):  # prompt, 40 tokens, trim 30, a follow-up, 40 tokens
+        runner.release_graph()
+        caches = runner.make_caches(capacity=300)
+        tok = sample(runner.prefill(prompt.cuda(), caches))
+        out = []
+        for i in range(80):
+            if i == 40:
+                for c in caches:
+                    c.trim(30)
+                tok = sample(runner.prefill(prompt[:, :20].cuda(), caches))
+            tok = runner.decode_greedy(tok, caches) if i % 7 else sample(
+                runner.decode_step(tok, caches))
+            out.append(tok.item())
+        runs.append(out)
+    assert graph.graph_captured(greedy=True) and graph.graph_captured(greedy=False)
+    assert runs[0] == runs[1]

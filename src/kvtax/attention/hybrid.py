@@ -11,7 +11,10 @@ other calls merge the parts' results exactly with `merge_lse`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+import torch
 
 from kvtax.attention.view import CacheView
 
@@ -32,6 +35,25 @@ class HybridView:
     parts: tuple[HybridPart, ...]
     length: int
 
+    def at_length(self, length: int, length_t: torch.Tensor | None) -> "HybridView":
+        """Every part at host `length`, the kernels reading `length_t` int32 `[B]` (CUDA-graph
+        decode: `launch.launch_parts_decode` reads each part's)."""
+        parts = tuple(dataclasses.replace(p, view=p.view.at_length(length, length_t))
+                      for p in self.parts)
+        return HybridView(parts, length)
+
     @property
     def head_dim(self) -> int:
         return self.parts[0].view.head_dim
+
+    @property
+    def batch(self) -> int:
+        return self.parts[0].view.batch
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].view.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].view.dtype

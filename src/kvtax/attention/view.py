@@ -14,6 +14,7 @@ Softmax is invariant to the order keys are visited in, so this is all a kernel n
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,10 @@ class CacheView:
     window: int | None = None
     dtype: torch.dtype = torch.float16
     length_t: torch.Tensor | None = None
+
+    def at_length(self, length: int, length_t: torch.Tensor | None) -> "CacheView":
+        """This view at host `length`, the kernels reading `length_t` (CUDA-graph decode)."""
+        return dataclasses.replace(self, length=length, length_t=length_t)
 
     @property
     def batch(self) -> int:

@@ -36,8 +36,7 @@ class BaseCache(ABC):
 
     Keys in a block format (`int4-c64`) take the torch path always: `blocks`
     (kvtax.cache.blocks) stages them in the model dtype and re-quantizes each block an
-    append touches; `nbytes` counts that staging too. Such caches have no graph-safe
-    `write_at` (`device_write_blocker` says so).
+    append or `write_at` touches; `nbytes` counts that staging too.
     """
 
     fused_store: bool | None = None
@@ -144,17 +143,26 @@ class BaseCache(ABC):
             self.check_finite = finite
         if self.center_keys:
             k = center(k, self.key_shift)
-        if not self._store_fused(k, v, pos_t):
+        if self.blocks is not None:
+            self._write_at_blocked(k, v, pos_t)
+        elif not self._store_fused(k, v, pos_t):
             qk, qv = self._quantize(k, v)
             self.store.write_index(self._slot_of(pos_t), qk, qv)
 
     def device_write_blocker(self) -> str | None:
         """Why `write_at` (a write at a device-held position) cannot serve this cache, or
-        None: block-quantized keys re-quantize their open block at a host position."""
-        if self.blocks is not None or isinstance(self.spec.key, ChannelBlockFormat):
-            return (f"{self.spec.key.name} keys re-quantize their open 64-token block on "
-                    "each write, at a host-known position (decode eagerly)")
+        None. Every cache kind can; subclasses with other storage say why not."""
         return None
+
+    def _write_at_blocked(self, k: torch.Tensor, v: torch.Tensor, pos_t: torch.Tensor) -> None:
+        """`write_at` for block-quantized keys: the key's whole block re-quantized on the
+        device from the staged ring (`KeyBlocks.write_at`) over the block's 64 slots, the
+        value per token at its slot, as `_write_blocked` stores them."""
+        assert self.store is not None and self.blocks is not None
+        pos, qk = self.blocks.write_at(rotate(k) if self.spec.rotate_keys else k, pos_t)
+        qv = self.spec.value.quantize(rotate(v) if self.spec.rotate_values else v)
+        self.store.write_index(self._slot_of(pos), qk, None)
+        self.store.write_index(self._slot_of(pos_t), None, qv)
 
     def _write_blocked(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store tokens at positions `[length, length + T)` for block-quantized keys: the
@@ -221,6 +229,8 @@ class BaseCache(ABC):
             raise CapacityError(
                 f"advancing by {n} would exceed the cache capacity of {self.store.capacity}"
             )
+        if self.blocks is not None:
+            self.blocks.advance(n)
 
     @abstractmethod
     def view(self) -> CacheView:

@@ -7,6 +7,12 @@ repeating its last valid token, which leaves each channel's min/max unchanged). 
 codes are thus a pure function of the tokens it holds, however the prompt was chunked, and
 the storage is valid after every append.
 
+The staged keys live in a ring of `rows` rows allocated once (position p at row p % rows),
+so the same buffer serves eager appends (host positions) and `write_at` (a device
+position, inside a CUDA graph): the graph writes its token's row and re-quantizes the open
+block from the ring, and the host only counts the tokens (`advance`). Trims and later
+appends then read the keys the graph wrote, with no copy back.
+
 Within one prefill chunk a query may see a key of the open block whose scales already
 include later tokens of that chunk. A hybrid cache with >= 63 recent fp16 tokens (q4 keeps
 128) never reads the open block from the body, so there every key read is final and
@@ -14,6 +20,8 @@ causal; a plain int4-c64 cache accepts that small look-ahead in its open block.
 
     >>> staged = KeyBlocks(ChannelBlockFormat())
     >>> first, q = staged.extend(k, p0=0)      # k [B, H, 100, D] → q covers 128 rows at 0
+    >>> pos, q = staged.write_at(k1, pos_t)    # k1 [B, H, 1, D] at device pos_t [1]
+    >>> staged.advance(1)                      # outside the graph
 """
 
 from __future__ import annotations
@@ -31,25 +39,25 @@ HISTORY = 256
 
 
 class KeyBlocks:
-    """The model-dtype keys of positions `[start, end)`: the open block and >= `history`
-    tokens before the end, `start` a multiple of the block size."""
+    """The model-dtype keys of positions `[start, end)` in a ring `buf` of `rows` rows:
+    `history` tokens and the open block behind the end."""
 
     def __init__(self, fmt: ChannelBlockFormat, history: int = HISTORY) -> None:
         self.fmt, self.history = fmt, history
-        self.keys: torch.Tensor | None = None  # [B, H, end - start, D]
-        self.start = 0
+        # history + a block, in whole blocks (a block's rows then never wrap): a trim of
+        # `history` tokens still finds its new last block's first key, even where a
+        # write_at at the end replaced the oldest row
+        self.rows = -(-history // fmt.block) * fmt.block + fmt.block
+        self.buf: torch.Tensor | None = None  # [B, H, rows, D], allocated once
+        self.start = self.end = 0
 
     @property
     def block(self) -> int:
         return self.fmt.block
 
     @property
-    def end(self) -> int:
-        return self.start + (0 if self.keys is None else self.keys.shape[-2])
-
-    @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes
+        return 0 if self.buf is None else self.buf.nbytes
 
     def extend(self, k: torch.Tensor, p0: int) -> tuple[int, QTensor]:
         """Append keys `k` `[B, H, n, D]` of positions `[p0, p0 + n)` (p0 = tokens held).
@@ -57,38 +65,88 @@ class KeyBlocks:
         Returns `(first, q)`: `q` holds the whole blocks covering `[first, p0 + n)`,
         `first = p0 // 64 * 64`, codes `[B, H, rows, D/2]` with rows a multiple of 64,
         ready to write over storage slots of positions `[first, first + rows)`."""
-        if self.keys is None or p0 == 0:
-            self.keys, self.start = k[..., :0, :], 0
+        if self.buf is None or p0 == 0:
+            self._allocate(k)
+            self.start = self.end = 0
         if p0 != self.end:
             raise RuntimeError(f"staged keys end at {self.end}, append starts at {p0}")
-        self.keys = torch.cat([self.keys, k], dim=-2)
         first = p0 // self.block * self.block
-        q = self._quantize(self.keys[..., first - self.start:, :])
-        self._drop_old()
+        x = torch.cat([self._read(first, p0), k], dim=-2) if p0 > first else k
+        q = self._quantize(x)
+        n = k.shape[-2]
+        keep = min(n, self.rows)  # a chunk longer than the ring leaves its last rows
+        self._store(k[..., n - keep:, :], p0 + n - keep)
+        self.advance(n)
         return first, q
+
+    def write_at(self, k: torch.Tensor, pos_t: torch.Tensor) -> tuple[torch.Tensor, QTensor]:
+        """Stage key `k` `[B, H, 1, D]` of the position in device tensor `pos_t` `[1]`
+        (int64, = end) and re-quantize its block: graph-safe (no host read, no storage moves).
+
+        Returns `(pos, q)`: the block's positions `[64]` int64 on the device and its codes
+        `[B, H, 64, D/2]` (and metadata), rows past `pos_t` padded with `k` as `extend` pads.
+        `end` is not moved: `advance(1)` counts the token outside the graph."""
+        assert self.buf is not None, "write_at needs staged keys: extend first"
+        # No host state changes here (a compiled step would guard on it); `trim` assumes
+        # the row of position end - rows may be overwritten already.
+        self.buf.index_copy_(2, torch.remainder(pos_t, self.rows), k)
+        lanes = torch.arange(self.block, device=pos_t.device)
+        first = pos_t - torch.remainder(pos_t, self.block)  # [1]
+        # rows first .. pos, then pos repeated: _quantize's padding, same min/max per channel
+        rows = torch.remainder(first + torch.minimum(lanes, pos_t - first), self.rows)
+        return first + lanes, self.fmt.quantize(self.buf.index_select(2, rows))
+
+    def advance(self, n: int) -> None:
+        """Count `n` tokens staged at `[end, end + n)` (by `extend` or `write_at`)."""
+        self.end += n
+        self.start = max(self.start, self.end - self.rows)
 
     def trim(self, length: int) -> tuple[int, QTensor] | None:
         """Forget positions `>= length`. Returns `(first, q)` re-quantizing the new last
         block (None when `length` ends a block); CapacityError when the history no longer
         holds that block's first token (nothing changed then)."""
         first = length // self.block * self.block
-        if self.keys is None or length >= self.end:
+        if self.buf is None or length >= self.end:
             return None
-        if first < self.start:
+        # a write_at at `end` (a graph's warm-up, say) may have replaced position end - rows
+        if first < max(self.start, self.end + 1 - self.rows):
             if length != first:
                 raise CapacityError(
                     f"cannot drop {self.end - length} tokens: int4-c64 keys keep "
                     f"{self.history} model-dtype keys to re-quantize the last block after a "
                     "trim. Re-run the prompt")
-            self.keys, self.start = self.keys[..., :0, :], length  # a whole-block cut
+            self.start = self.end = length  # a whole-block cut: nothing to re-quantize
             return None
-        self.keys = self.keys[..., : length - self.start, :]
+        self.end = length
         if length == first:
             return None
-        return first, self._quantize(self.keys[..., first - self.start:, :])
+        return first, self._quantize(self._read(first, length))
 
     def reset(self) -> None:
-        self.keys, self.start = None, 0
+        self.start = self.end = 0  # the ring stays allocated: a captured graph writes it
+
+    def _allocate(self, k: torch.Tensor) -> None:
+        """The ring for keys like `k` `[B, H, n, D]`, kept when one already fits."""
+        b, h, _, d = k.shape
+        buf = self.buf
+        if buf is None or buf.shape != (b, h, self.rows, d) or buf.dtype != k.dtype or \
+                buf.device != k.device:
+            self.buf = torch.zeros(b, h, self.rows, d, dtype=k.dtype, device=k.device)
+
+    def _positions(self, a: int, b: int) -> torch.Tensor:
+        """Ring rows of positions `[a, b)`, int64 on the ring's device."""
+        assert self.buf is not None
+        return torch.arange(a, b, device=self.buf.device) % self.rows
+
+    def _read(self, a: int, b: int) -> torch.Tensor:
+        """Staged keys of positions `[a, b)` (start <= a, b <= end): `[B, H, b - a, D]`."""
+        assert self.buf is not None
+        return self.buf.index_select(2, self._positions(a, b))
+
+    def _store(self, k: torch.Tensor, p0: int) -> None:
+        """Keys `[B, H, n <= rows, D]` of positions `[p0, p0 + n)` into their ring rows."""
+        assert self.buf is not None
+        self.buf.index_copy_(2, self._positions(p0, p0 + k.shape[-2]), k)
 
     def _quantize(self, x: torch.Tensor) -> QTensor:
         """Keys `[..., n, D]` from a block start → whole blocks, the last padded with its
@@ -97,11 +155,3 @@ class KeyBlocks:
         if pad:
             x = torch.cat([x, x[..., -1:, :].expand(*x.shape[:-2], pad, x.shape[-1])], dim=-2)
         return self.fmt.quantize(x)
-
-    def _drop_old(self) -> None:
-        """Keep whole blocks from the one holding position `end - history` on."""
-        assert self.keys is not None
-        keep = max(0, (self.end - self.history) // self.block * self.block)
-        if keep > self.start:
-            self.keys = self.keys[..., keep - self.start:, :].clone()
-            self.start = keep

@@ -15,6 +15,9 @@ A body with int4-c64 keys (q4: `k4-c64v4@s4r128`) is written a 64-token block at
 time (kvtax.cache.blocks); with recent >= 63 a query reads from the body only blocks whose 64
 tokens it has all seen, so chunking changes nothing there either.
 
+`write_at` / `advance` (a write at a device-held position, then the host count) go to
+every part, so a CUDA graph captures a hybrid layer's decode step as a plain one's.
+
 For a sliding-window layer (window W) the model has no sinks, the recent part keeps
 min(recent, W) tokens, and the body is a quantized sliding ring read at distances
 `[recent, W)`.
@@ -39,8 +42,8 @@ from kvtax.formats.hybrid import HybridSpec, parse_kv
 
 
 class HybridCache:
-    """The shared cache interface (append, view, length, nbytes, used_nbytes, trim, reset)
-    over an fp16 sink/recent part and a quantized body.
+    """The shared cache interface (append, write_at, advance, view, length, nbytes,
+    used_nbytes, trim, reset) over an fp16 sink/recent part and a quantized body.
 
     spec:   a HybridSpec or its name (`int4+hk@s4r128`).
     window: None for a full-attention layer, else the layer's sliding window.
@@ -128,10 +131,38 @@ class HybridCache:
         """Store new tokens `[B, H_kv, T, D]` in both parts (fp16 ring, quantized body)."""
         if self.center_keys and k.shape[2]:
             if self.length == 0 or self.key_shift is None:
-                self.key_shift = key_mean(k)
+                mean = key_mean(k)
+                if self.key_shift is not None and self.key_shift.shape == mean.shape:
+                    self.key_shift.copy_(mean)  # in place: a captured graph reads it
+                else:
+                    self.key_shift = mean
             k = center(k, self.key_shift)
         for c in self.parts:
             c.append(k, v)
+
+    def write_at(self, k: torch.Tensor, v: torch.Tensor, pos_t: torch.Tensor) -> None:
+        """Store ONE token `[B, H_kv, 1, D]` at the position in device tensor `pos_t` `[1]`
+        in every part, graph-safe (`BaseCache.write_at`); `advance(1)` counts it after."""
+        if self.center_keys:
+            if self.key_shift is None:
+                raise RuntimeError("write_at needs allocated storage: append a prompt first")
+            k = center(k, self.key_shift)
+        for c in self.parts:
+            c.write_at(k, v, pos_t)
+
+    def advance(self, n: int = 1) -> None:
+        """Count `n` tokens written by `write_at` in every part (host bookkeeping only)."""
+        # the body first: a full body past its capacity raises before any part moved
+        for c in reversed(self.parts):
+            c.advance(n)
+
+    def device_write_blocker(self) -> str | None:
+        """Why `write_at` cannot serve this cache (a part's reason), or None."""
+        for c in self.parts:
+            why = c.device_write_blocker()
+            if why is not None:
+                return why
+        return None
 
     def view(self) -> HybridView:
         parts = []

@@ -70,7 +70,8 @@ class DevicePositions:
     def serve(self, q: torch.Tensor, kv_start: torch.Tensor | None) -> bool:
         """Whether the kernels, which read `len_t`, would run this call."""
         assert self.view is not None
-        if self.cache.device_write_blocker() is not None:  # int4-c64 keys: append instead
+        # int4-c64 keys append: their staging ring is no static tensor of this path yet
+        if self.cache.device_write_blocker() is not None or self.cache.blocks is not None:
             return False
         return uses_kernels(q, self.view, kv_start=kv_start)
 

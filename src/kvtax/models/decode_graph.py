@@ -2,19 +2,22 @@
 
 A captured step reads its token, write position and cache lengths from static device
 tensors (`decode_step_fn`), so one graph serves every step of a generation; the runner
-(kvtax.models.runner) captures one per cache set and replays it per token.
+(kvtax.models.runner) captures one per cache set and replays it per token. A hybrid
+cache (kvtax.cache.hybrid: fp16 sinks + recent ring beside a quantized body) is several
+caches in one layer: the checks below go over each of its parts (`leaves`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
 
 import torch
 
 from kvtax.attention import attention
+from kvtax.attention.hybrid import HybridView
 from kvtax.cache import BaseCache
+from kvtax.cache.hybrid import HybridCache
 from kvtax.models import argmax
 from kvtax.models.decoder import DecoderModel
 
@@ -39,7 +42,7 @@ class DecodeGraph:
         at their current length; `compile` / `greedy` as for decode_step_fn."""
         self = cls()
         dev = model.embed.weight.device
-        batch = caches[0].store.batch  # type: ignore[union-attr]
+        batch = caches[0].view().batch
         n = caches[0].length
         self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=dev)
         self.pos = torch.full((1,), n, dtype=torch.long, device=dev)
@@ -132,36 +135,46 @@ def decode_step_fn(
     return step
 
 
+def leaves(cache: BaseCache | HybridCache) -> list[BaseCache]:
+    """The caches holding one layer's storage: a hybrid cache's parts, else the cache."""
+    return cache.parts if isinstance(cache, HybridCache) else [cache]
+
+
 def cache_key(caches: Sequence[BaseCache]) -> tuple:
-    """Everything a captured graph baked in: storage addresses, ring geometry, formats."""
+    """Everything a captured graph baked in: storage addresses (the key staging ring and
+    a hybrid cache's key shift too), ring geometry, formats."""
     key = []
     for c in caches:
-        s = c.store
-        if s is None:
-            return ()
-        ptrs = tuple(t.data_ptr() for t in s.k.parts() + s.v.parts())
-        key.append((type(c), c.spec, s.capacity, getattr(c, "ring", 0), getattr(c, "sinks", 0),
-                    s.batch, ptrs))
+        for part in leaves(c):
+            s = part.store
+            if s is None:
+                return ()
+            ptrs = [t.data_ptr() for t in s.k.parts() + s.v.parts()]
+            if part.blocks is not None and part.blocks.buf is not None:
+                ptrs.append(part.blocks.buf.data_ptr())
+            key.append((type(part), part.spec, s.capacity, getattr(part, "ring", 0),
+                        getattr(part, "sinks", 0), s.batch, tuple(ptrs)))
+        shift = getattr(c, "key_shift", None)
+        key.append((type(c), None if shift is None else shift.data_ptr()))
     return tuple(key)
 
 
 def graph_blocker(model: DecoderModel, caches: Sequence[BaseCache]) -> str | None:
     """None when a decode step over `caches` can be captured safely, else why not."""
-    if any(not hasattr(c, "store") for c in caches):  # a HybridCache: several storages
-        return "hybrid caches (fp16 sinks/recent window) decode eagerly"
-    if any(c.store is None for c in caches):
+    parts = [p for c in caches for p in leaves(c)]
+    if any(p.store is None for p in parts):
         return "the caches are empty (prefill first)"
     for c in caches:
         why = c.device_write_blocker()
         if why is not None:
             return why
-    if any(c.store.growable for c in caches):  # type: ignore[union-attr]
+    if any(p.store.growable for p in parts):  # type: ignore[union-attr]
         return ("a cache may grow (storage would move under the graph); make caches with "
                 "capacity = prompt + max new tokens")
     for layer, c in zip(model.layers, caches):
         view = c.view()
         lens = torch.zeros(view.batch, dtype=torch.int32, device=view.device)
-        view = dataclasses.replace(view, length_t=lens)
+        view = view.at_length(view.length, lens)
         q = torch.empty(view.batch, model.config.num_heads, 1, view.head_dim, dtype=view.dtype,
                         device=view.device)
         reason = attention_blocker(layer.attn.attn_fn, q, view)
@@ -173,19 +186,32 @@ def graph_blocker(model: DecoderModel, caches: Sequence[BaseCache]) -> str | Non
 def attention_blocker(fn: Callable, q: torch.Tensor, view: object) -> str | None:
     """Why a captured step cannot call `fn(q, view)` with device lengths (None: it can).
 
-    kvtax's `attention` needs its Triton kernels (the reference reads the host length); a
-    swapped-in function (the harness's baselines) is graph-safe only where it says so with
-    `fn.graph_blocker(q, view) -> str | None`."""
+    kvtax's `attention` needs its Triton kernels (the reference reads the host length),
+    for a HybridView on every part and with decode rows (its fused decode,
+    `dispatch.hybrid_decode`); a swapped-in function (the harness's baselines) is
+    graph-safe only where it says so with `fn.graph_blocker(q, view) -> str | None`, and
+    reads no hybrid cache."""
+    name = getattr(fn, "__name__", type(fn).__name__)
     if fn is not attention:
         check = getattr(fn, "graph_blocker", None)
         if check is None:
-            name = getattr(fn, "__name__", type(fn).__name__)
             return f"the attention function {name} reads the cache length on the host"
+        if isinstance(view, HybridView):
+            return f"the attention function {name} does not read hybrid caches"
         return check(q, view)
     try:
         from kvtax.attention import triton_api
+        from kvtax.attention.launch_table import decode_rows
     except ImportError as exc:
         return f"the Triton kernels are unavailable ({exc}); the reference is not graph-safe"
+    if isinstance(view, HybridView):
+        for part in view.parts:
+            reason = triton_api.unsupported_reason(q, part.view)
+            if reason is not None:
+                return f"the kernels cannot serve a hybrid layer's part ({reason})"
+            if not decode_rows(q, part.view):  # else the per-part path: never captured
+                return "a hybrid layer's decode rows take the prefill kernel"
+        return None
     reason = triton_api.unsupported_reason(q, view)
     return None if reason is None else f"the kernels cannot serve a layer ({reason})"
 
@@ -195,8 +221,11 @@ def clear_unwritten(model: DecoderModel, caches: Sequence[BaseCache]) -> None:
     baselines) read every slot behind a mask, and `torch.empty` storage may hold NaN, which
     a mask does not cancel (NaN · 0). Slots the graph writes later are overwritten then."""
     for layer, c in zip(model.layers, caches):
-        if layer.attn.attn_fn is attention or getattr(c, "store", None) is None:
+        if layer.attn.attn_fn is attention:
             continue
-        held = c.view().num_slots
-        for t in c.store.k.parts() + c.store.v.parts():
-            t[:, :, held:].zero_()
+        for part in leaves(c):
+            if part.store is None:
+                continue
+            held = part.view().num_slots
+            for t in part.store.k.parts() + part.store.v.parts():
+                t[:, :, held:].zero_()

@@ -17,7 +17,6 @@ steps (prefill) take the torch path.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -122,8 +121,9 @@ class Attention(nn.Module):
         else:
             # CUDA-graph decode: the slot and the length come from device tensors, so one
             # captured graph serves every step; the host length is advanced by the runner.
+            # (A hybrid cache's view hands the device lengths to each of its parts.)
             cache.write_at(k, v, write_pos)
-            view = dataclasses.replace(cache.view(), length=cache.length + t, length_t=length_t)
+            view = cache.view().at_length(cache.length + t, length_t)
         fn = self.attn_fn
         if self.launch.attention and fn is attention:  # an experiment's forced launch
             fn = self.launch.attend

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from kvtax.cache import BaseCache, FullCache, make_caches
+from kvtax.cache.hybrid import HybridCache
 from kvtax.errors import CapacityError, OptionError
 from kvtax.formats import KVSpec, default_kv
 from kvtax.formats.hybrid import HybridSpec, fit_kv
@@ -75,7 +76,8 @@ class Runner:
                 keys, not centered where the model soft-caps attention logits). A name
                 without `-g<N>` takes a group size dividing head_dim (`fit_head_dim`;
                 `runner.spec.name` says which: int8-g32+hk+ck at head_dim 96). A hybrid
-                format (`int4+hk@s4r128`: fp16 sinks and recent window) decodes eagerly.
+                format (`int4+hk@s4r128`, `q4`: fp16 sinks and recent window beside a
+                quantized body) is captured like a plain one.
     sliding_kv: format of sliding-window layers (default: `kv`, or the form its short name
                 stores there: q4 → int4+hk@s4r32, kvtax.formats.spec.SLIDING_FORMS), e.g. "fp16".
     chunk_size: prefill chunk in tokens (bounds activation memory at long prompts).
@@ -354,7 +356,8 @@ class Runner:
         n = caches[0].length
         for c in caches:
             # An index past capacity inside the graph would be a device-side assert.
-            if isinstance(c, FullCache) and n + 1 > c.capacity:
+            full = isinstance(c, FullCache) or (isinstance(c, HybridCache) and c.window is None)
+            if full and n + 1 > c.capacity:
                 raise CapacityError(
                     f"cache full ({c.capacity} tokens); make caches with capacity >= prompt + "
                     "max new tokens"
