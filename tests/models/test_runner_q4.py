@@ -130,32 +130,33 @@ def test_graph_blocker_lets_q4_through_where_the_kernels_serve(name, monkeypatch
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["tiny", "tiny-gemma3"])
 @pytest.mark.parametrize("kv", ["q4", "k4-c64v4+hk+ck@s4r128"])
-def test_q4_cuda_graph_and_eager_give_the_same_tokens(name, kv) -> None:
-    """Runner(kv="q4") captures its decode step (greedy and logits graphs) and decodes
-    eager decoding's tokens, across block boundaries and a recall-style trim."""
+def test_q4_cuda_graph_and_eager_decode_agree(name, kv) -> None:
+    """Runner(kv="q4") captures its decode step (logits and greedy graphs) and, fed the same
+    tokens as eager decoding, gives its logits within bf16 rounding, across block
+    boundaries, the fp16 ring's wrap and a recall-style trim; its greedy token is eager's
+    wherever eager's top-1 leads by more than rounding. (Exact token equality over 80
+    free-running steps is not asked: graph and eager split the work differently, by
+    capacity and by length, and one near-tie flipped a token at step 77 on an H200.)"""
     model = _peaked(_config(name), dtype=torch.bfloat16, device="cuda")
-    prompt = torch.randint(0, 256, (1, 150), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(0, 256, (1, 150), generator=torch.Generator().manual_seed(0)).cuda()
     graph = Runner(model, kv=kv, chunk_size=64)
     eager = Runner(model, kv=kv, chunk_size=64, cuda_graph=False)
-    got = graph.generate(prompt, 80, ignore_eos=True)
-    want = eager.generate(prompt, 80, ignore_eos=True)
-    assert got.cuda_graph, graph.graph_disabled_reason
-    assert got.tokens == want.tokens
-
-    runs = []
-    for runner in (graph, eager):  # prompt, 40 tokens, trim 30, a follow-up, 40 tokens
-        runner.release_graph()
-        caches = runner.make_caches(capacity=300)
-        tok = sample(runner.prefill(prompt.cuda(), caches))
-        out = []
-        for i in range(80):
-            if i == 40:
-                for c in caches:
-                    c.trim(30)
-                tok = sample(runner.prefill(prompt[:, :20].cuda(), caches))
-            tok = runner.decode_greedy(tok, caches) if i % 7 else sample(
-                runner.decode_step(tok, caches))
-            out.append(tok.item())
-        runs.append(out)
+    gc, ec = graph.make_caches(capacity=300), eager.make_caches(capacity=300)
+    graph.prefill(prompt, gc)
+    le = eager.prefill(prompt, ec)
+    for i in range(100):
+        if i == 60:  # drop 30 tokens, then a follow-up prompt, as a recall session does
+            for c in (*gc, *ec):
+                c.trim(30)
+            graph.prefill(prompt[:, :20], gc)
+            le = eager.prefill(prompt[:, :20], ec)
+        tok = sample(le)
+        if i % 7:
+            lg, le = graph.decode_step(tok, gc), eager.decode_step(tok, ec)
+            assert_close(lg.float(), le.float(), atol=0.25, rel_rms=2e-2, what=f"step {i}")
+        else:
+            got, le = graph.decode_greedy(tok, gc), eager.decode_step(tok, ec)
+            top2 = le.float().topk(2, dim=-1).values
+            if (top2[..., 0] - top2[..., 1]).min() > 0.1:
+                assert got.view(-1).tolist() == le.argmax(-1).view(-1).tolist(), f"step {i}"
     assert graph.graph_captured(greedy=True) and graph.graph_captured(greedy=False)
-    assert runs[0] == runs[1]

@@ -93,6 +93,10 @@ def hybrid_decode_reason(q: torch.Tensor, view: HybridView) -> str | None:
     return None
 
 
+# torch.compile must not trace this: inductor would re-emit the launched Triton kernels and
+# cannot (their inline PTX broke its code generation on an H200, 2026-12-03). The graph
+# break costs nothing inside a CUDA graph, which replays the launches without Python.
+@torch.compiler.disable
 def hybrid_decode(
     q: torch.Tensor, view: HybridView, *, scale: float | None = None,
     softcap: float | None = None,
