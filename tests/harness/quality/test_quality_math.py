@@ -21,6 +21,7 @@ from kvtax.harness.quality.probe import (
     QualityConfig,
     QualityInputError,
     check_config,
+    measure,
     run_quality,
     score_pass,
     text_fingerprint,
@@ -197,6 +198,7 @@ def test_run_rows_resume_and_report(tmp_path, gemma) -> None:
     assert 0 < int8["kl"] < rows[5]["kl"]
     assert int8["ppl_base"] == base["ppl"] and len(int8["layer_attn_rel_err"]) == 6
     assert int8["cache_bytes"] < base["cache_bytes"]
+    assert int8["layer_specs"] == ["int8"] * len(int8["layer_windows"])  # what each stored
     env = json.loads((run / "env.json").read_text())  # which text and tokens were scored
     ids = text_ids(gemma.tokenizer, text_of(None), 97)
     assert env["text_tokens"] == 97
@@ -231,3 +233,12 @@ def test_cli_runs_and_rejects_bad_input(tmp_path, capsys) -> None:
     assert cli_main(["quality", "--model", "/no/such/model", "--contexts", "48", "--tail", "8",
                      "--out", str(tmp_path)]) == 2
     assert len([p for p in Path(tmp_path).iterdir() if p.is_dir()]) == 1, "no empty run folders"
+
+
+def test_rows_name_q4s_sliding_layer_format(gemma) -> None:
+    """q4 stores int4+hk@s4r32 on sliding-window layers (SLIDING_FORMS): a quality row says
+    which format each layer held, so its bytes and KL can be read against it."""
+    cfg = QualityConfig(model="tiny-gemma3", contexts=[80], kvs=["q4"], tail=8, chunk_size=40)
+    row, _ = measure(gemma.model, _ids(81), "q4", cfg, None)
+    want = ["k4-c64v4@s4r128" if w is None else "int4+hk@s4r32" for w in row["layer_windows"]]
+    assert row["layer_specs"] == want and len(set(want)) == 2

@@ -329,6 +329,7 @@ def measure(
     row = stats.summary()
     row.update(
         tail=cfg.tail, baseline=cfg.baseline, layer_windows=windows,
+        layer_specs=[c.spec.name for c in caches],  # what each layer stored (q4: per window)
         layer_attn_rel_err=None if is_base else probe.layer_errors(),
         head_attn_rel_err=None if is_base else probe.head_errors(),
         cache_bytes=sum(resident_nbytes(c) for c in caches),
