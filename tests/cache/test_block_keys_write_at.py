@@ -118,7 +118,7 @@ def test_appends_after_device_writes_continue_them(spec) -> None:
 @pytest.mark.parametrize("spec", ["k4-c64v4-g32", "k3-c64v4-g32+hk"])
 @pytest.mark.parametrize("drop", [1, 37, 64, 100, HISTORY])
 def test_trim_after_device_writes(spec, drop) -> None:
-    """A recall session's trim after graph steps (question + answer dropped, `drop` tokens,
+    """A `kvtax recall`-style trim after graph steps (question + answer dropped, `drop` tokens,
     up to the staged history) leaves the storage of a cache that never saw them, and
     the graph steps after it continue that cache."""
     n, more = 200 + HISTORY, 70

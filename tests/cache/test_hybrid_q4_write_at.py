@@ -72,7 +72,7 @@ def test_write_at_steps_equal_appends(spec, window) -> None:
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_trim_and_reset_after_write_at_steps(spec) -> None:
-    """A recall session: prompt, graph steps, trim the answer, graph steps again, then a
+    """As `kvtax recall` runs a cache: prompt, graph steps, trim the answer, graph steps again, then a
     reset and a new prompt: the storage and attention of eager appends of the same tokens;
     the key shift (+ck) and the staging ring stay where a captured graph reads them."""
     q, k, v = _data(400, seed=3)

@@ -145,7 +145,7 @@ def test_q4_cuda_graph_and_eager_decode_agree(name, kv) -> None:
     graph.prefill(prompt, gc)
     le = eager.prefill(prompt, ec)
     for i in range(100):
-        if i == 60:  # drop 30 tokens, then a follow-up prompt, as a recall session does
+        if i == 60:  # drop 30 tokens, then a follow-up prompt, as kvtax recall does
             for c in (*gc, *ec):
                 c.trim(30)
             graph.prefill(prompt[:, :20], gc)
