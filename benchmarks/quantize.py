@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from kvtax.harness.bench.gpu_timer import git_commit as _git_commit
+from kvtax.harness.bench.gpu_timer import capture_graph, git_commit as _git_commit
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -75,16 +75,7 @@ def _caches(spec: str, fused: bool, args, k, v):
 
 
 def _graph_ms(step, reps: int) -> dict:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile and warm up outside the capture
-        step()
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
+    graph = capture_graph(step)
     events = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -95,18 +95,8 @@ class Timer:
         return split_replays(kernel_spans(prof), flush)
 
     def _capture(self, fn) -> torch.cuda.CUDAGraph:
-        """`fn` captured in a CUDA graph (after two warm-up calls on a side stream, which
-        compile and allocate off the capture), replayed for warmup_ms."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
+        """`fn` captured (`capture_graph`), then replayed for warmup_ms."""
+        graph = capture_graph(fn)
         self._warm(graph)
         return graph
 
@@ -121,6 +111,22 @@ class Timer:
                 self.evict()
                 graph.replay()
             torch.cuda.synchronize()
+
+
+def capture_graph(fn) -> torch.cuda.CUDAGraph:
+    """`fn` captured in a CUDA graph after two warm-up calls on a side stream (which compile
+    and allocate off the capture), and replayed once."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    return graph
 
 
 def split_replays(spans: list[tuple[str, float, float]],
