@@ -47,9 +47,10 @@ DEFAULT_KV = "int8+hk+ck"
 # (0.285 of fp16's bytes at 32k). On Qwen2.5-Coder-0.5B at 2k values in groups of 32 read
 # the same KL (2.2e-3 vs 2.4e-3, s.e. 3.5e-4) for 5% more bytes, and groups of 64 are what
 # the fast decode kernels read (docs/QUALITY.md, the scheme screen).
-# q3: 3-bit keys (per channel) and values (groups of 32), 0.238 of fp16's bytes; no fused
-# kernel yet.
-SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4-c64v4@s4r128", "q3": "k3-c64v3-g32@s4r128"}
+# q3: 3-bit keys (per channel) and values (groups of 32) with 96 fp16 recent tokens: 0.247 /
+# 0.237 of fp16's bytes at 8k / 32k (head_dim 64). With q4's 128 it held 0.2505 at 8k, over
+# the 0.25 a 3-bit cache is for; int3-c64 keys need >= 63. No fused kernel yet.
+SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4-c64v4@s4r128", "q3": "k3-c64v3-g32@s4r96"}
 # What a short name stores on a sliding-window layer where that differs. int4-c64 keys need
 # >= 63 fp16 recent tokens (a query never reads a block still open), so on a 512-token
 # window q4's 128 recent tokens weigh a quarter of the layer: Gemma-3-270M (15 of 18 layers
