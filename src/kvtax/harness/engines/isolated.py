@@ -1,4 +1,4 @@
-"""The child side of an isolated engine: `python -m kvtax.harness.engines.isolated`.
+"""The child side of an isolated engine: `python -m kvtax.harness.engines.isolated PARENT_PID`.
 
 It serves one engine's method calls from its parent (engines.process.EngineProcess) and
 never imports torch: a CUDA build of llama-cpp-python 0.3.36 segfaulted in model load in
@@ -30,6 +30,7 @@ import traceback
 from typing import Any, BinaryIO
 
 from kvtax.errors import KVTaxError
+from kvtax.harness.lifeline import die_with_parent
 
 # Optional Engine methods the parent's proxy offers only when the engine has them.
 OPTIONAL = ("prefix_ids", "render_chat")
@@ -112,6 +113,7 @@ class Server:
 
 
 def main() -> None:
+    die_with_parent(int(sys.argv[1]))  # argv[1]: the parent's pid
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # print() and C stdout now land on stderr, away from the replies
     Server(sys.stdin.buffer, out).serve()

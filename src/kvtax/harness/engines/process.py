@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from kvtax.errors import KVTaxError
-from kvtax.harness.bench.executor import die_with_parent
 from kvtax.harness.engines.base import Engine, EngineSpec, log_softmax
 
 EXIT_WAIT_S = 30  # how long close() waits for the child to finish before killing it
@@ -66,10 +65,9 @@ class EngineProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvtax.harness.engines.isolated"],
+            [sys.executable, "-m", "kvtax.harness.engines.isolated", str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-            preexec_fn=die_with_parent,
-        )
+        )  # no preexec_fn: this process has torch's threads; the child sets PDEATHSIG
         try:
             self.facts: dict[str, Any] = self._request(("start", cls.__module__,
                                                         cls.__qualname__, spec), "start")
