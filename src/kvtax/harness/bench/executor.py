@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any
 
+from kvtax.harness.lifeline import die_with_parent
 from kvtax.harness.schema import base_row, utc_now
 from kvtax.harness.bench.worker import PHASE_MARK
 
@@ -152,17 +153,6 @@ def kill_group(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
         pass
 
 

@@ -25,7 +25,7 @@ import traceback
 import torch  # noqa: F401 - the point of the server: pay this import once
 
 from kvtax.harness.bench import cells  # noqa: F401 - preload
-from kvtax.harness.bench.executor import die_with_parent
+from kvtax.harness.lifeline import die_with_parent
 from kvtax.harness.bench.worker import measure
 
 

@@ -84,6 +84,9 @@ class Engine(ABC):
     name: ClassVar[str]             # "--engine NAME"
     modules: ClassVar[tuple[str, ...]] = ()  # import names it needs (checked without import)
     install: ClassVar[str] = ""     # e.g. "pip install 'kvtax[llamacpp]'"
+    # True: `kvtax quality` and `kvtax recall` run it in a child process that never imports
+    # torch (engines.process); its module and everything it imports must not import torch.
+    isolated: ClassVar[bool] = False
 
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
@@ -177,7 +180,13 @@ class Engine(ABC):
 
     def logprobs(self, ids: list[int], tail: int) -> Any:
         """Teacher-forced log-probabilities of the last `tail` positions of `ids`
-        (row i predicts ids[len(ids) - tail + i]): a float32 torch tensor [tail, vocab]."""
+        (row i predicts ids[len(ids) - tail + i]): a float32 torch tensor [tail, vocab].
+        By default the log-softmax of `logits`."""
+        return log_softmax(self.logits(ids, tail))
+
+    def logits(self, ids: list[int], tail: int) -> Any:
+        """The logits behind `logprobs`, without torch: a float32 numpy array [tail, vocab]
+        (an engine that runs isolated gives these; its parent takes the log-softmax)."""
         raise EngineUnavailable(f"engine {self.name} gives no logits")
 
     def generate(self, ids: list[int], max_new_tokens: int,
@@ -194,6 +203,13 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Free what load() took."""
+
+
+def log_softmax(logits: Any) -> Any:
+    """Float32 numpy logits [tail, vocab] -> float32 torch log-probabilities [tail, vocab]."""
+    import torch
+
+    return torch.log_softmax(torch.from_numpy(logits).float(), dim=-1)
 
 
 # Engine name -> module defining it (imported only when asked for).

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from kvtax.harness.bench import memory
+from kvtax.harness.bench import rss
 
 
 class RssCounter:
@@ -19,16 +19,16 @@ class RssCounter:
     kind = "cpu_rss"
 
     def __init__(self) -> None:
-        self.ok = memory.cpu_peak_supported()
+        self.ok = rss.cpu_peak_supported()
 
     def reset(self) -> None:
-        self.ok = self.ok and memory.reset_peak_rss()
+        self.ok = self.ok and rss.reset_peak_rss()
 
     def current(self) -> int | None:
-        return memory.rss_bytes() if self.ok else None
+        return rss.rss_bytes() if self.ok else None
 
     def peak(self) -> int | None:
-        return memory.peak_rss_bytes() if self.ok else None
+        return rss.peak_rss_bytes() if self.ok else None
 
 
 class CudaCounter:

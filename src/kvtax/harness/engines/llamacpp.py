@@ -42,6 +42,7 @@ class LlamaCppEngine(Engine):
     name = "llama.cpp"
     modules = ("llama_cpp",)
     install = "pip install 'kvtax[llamacpp]'"
+    isolated = True  # CUDA builds crash loading a model beside torch (kvtax/__init__.py)
 
     def __init__(self, spec: EngineSpec) -> None:
         super().__init__(spec)
@@ -221,19 +222,18 @@ class LlamaCppEngine(Engine):
             samples.append((time.perf_counter() - t0) * 1e3)
         return samples
 
-    def logprobs(self, ids: list[int], tail: int) -> Any:
-        """Teacher-forced log-probs [tail, vocab] (float32 torch): row i predicts
-        ids[len(ids) - tail + i], from the logits at the position before it."""
+    def logits(self, ids: list[int], tail: int) -> Any:
+        """Teacher-forced logits [tail, vocab] (float32 numpy): row i predicts
+        ids[len(ids) - tail + i], from the position before it (`logprobs` is their
+        log-softmax)."""
         import numpy as np
-        import torch
 
         if not 0 < tail < len(ids):
             raise KVTaxError(f"logprobs: tail {tail} must be in 1..{len(ids) - 1}")
         self.reset()
         first = len(ids) - tail - 1
         rows = self._eval(list(ids[:-1]), want=set(range(first, len(ids) - 1)))
-        logits = torch.from_numpy(np.stack([rows[i] for i in range(first, len(ids) - 1)]))
-        return torch.log_softmax(logits.float(), dim=-1)
+        return np.stack([rows[i] for i in range(first, len(ids) - 1)])
 
     def generate(self, ids: list[int], max_new_tokens: int, stop: Any = None) -> list[int]:
         """Greedy tokens after `ids` in a fresh cache, up to an end-of-generation token,

@@ -8,7 +8,9 @@ KL(baseline || arm) in nats (max, median, standard error), top-1 agreement, and 
 perplexity of the text's real next tokens and its delta — the metrics of
 `harness.quality.probe` (shared through `quality.metrics`), so formats compare across engines
 on one model. What an engine cannot give (per-layer attention error, perplexity over
-all positions) is left null. Rows are kind "quality", fsynced, resumable.
+all positions) is left null. Rows are kind "quality", fsynced, resumable. An engine marked
+`isolated` (llama.cpp) runs in a child process that never imports torch and hands back
+numpy logits; the log-softmax and every metric are computed here.
 
     >>> cfg = QualityConfig(model="m.gguf", contexts=[512], kvs=["f16", "q8_0", "q4_0"])
     >>> run_engine_quality(cfg, EngineQuality("llama.cpp", paths=["fa"]), root="runs")
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 from kvtax.harness.engines import Engine, EngineSpec, require_engine
+from kvtax.harness.engines.process import open_engine
 from kvtax.harness.quality.metrics import ppl_deltas
 from kvtax.harness.quality.probe import (
     QualityConfig,
@@ -160,7 +163,7 @@ def _engine(cfg: QualityConfig, eq: EngineQuality, arm: tuple[str, str],
     spec = EngineSpec(model=cfg.model, kv=arm[0], path=arm[1], device=cfg.device,
                       dtype=cfg.dtype, seed=cfg.seed, threads=eq.threads,
                       chunk_size=cfg.chunk_size, capacity=capacity, options=dict(eq.options))
-    return require_engine(eq.engine)(spec)
+    return open_engine(require_engine(eq.engine), spec)
 
 
 def _measure(engine: Engine, cfg: QualityConfig, cell: dict[str, Any], ids: list[int],

@@ -10,7 +10,8 @@ message) and `prefix_ids()` (its BOS) gets the same chat framing as kvtax's runn
 Each arm ("KV" or "KV/PATH", the engine's own names) loads the engine once, with room
 for the longest context plus the answer budget, and asks every question from a fresh
 cache (no prefix reuse: engines keep their caches to themselves). The first arm loaded
-(the engine's baseline) also gives the tokenizer.
+(the engine's baseline) also gives the tokenizer. An engine marked `isolated` (llama.cpp)
+runs in a child process that never imports torch (`engines.process.open_engine`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtax.harness.engines import Engine, EngineSpec, require_engine
+from kvtax.harness.engines.process import open_engine
 from kvtax.harness.kv_arm import parse_arm
 from kvtax.harness.recall.models import stop_after_line
 
@@ -105,8 +107,12 @@ class EngineRecallModel:
                           dtype=c.dtype, seed=c.seed, chunk_size=c.chunk_size,
                           capacity=max(c.contexts) + (c.max_new_tokens or ANSWER_ROOM),
                           options=dict(getattr(c, "engine_options", None) or {}))
-        engine = self.cls(spec)
-        engine.load()
+        engine = open_engine(self.cls, spec)
+        try:
+            engine.load()
+        except BaseException:
+            engine.close()  # an isolated engine's process ends here, not at exit
+            raise
         self.live = (arm, engine)
         return engine
 
