@@ -2,7 +2,8 @@
 
 Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches; `kvtax-k4c64v4`: q4's body, K
 int4-c64 and V int4 (g64) in one plain view, no fp16 parts, decoded by the Gluon swap
-kernel; `kvtax-int4c64`: the same keys beside int4-g32 values; `kvtax-q4`: the whole q4
+kernel; `kvtax-int4c64`: the same keys beside int4-g32 values; `kvtax-k3c64v3`: q3's body,
+K int3-c64 and V int3-g32, on the tile kernels; `kvtax-q4` / `kvtax-q3`: the whole q4 / q3
 spec, fp16 sinks and recent ring, body and LSE merge, as a model layer calls it); torch SDPA fp16 (flash and
 cuDNN backends); Hugging Face's approach (dequantize the whole int8/int4 cache, then
 SDPA); mlx-lm's approach (materialize [H, L, ctx] scores). The baselines are
@@ -55,16 +56,17 @@ from kvtax.attention.view import CacheView  # noqa: E402
 from kvtax.attention import attention  # noqa: E402
 from kvtax.cache import FullCache  # noqa: E402
 from kvtax.cache.hybrid import HybridCache  # noqa: E402
-from kvtax.formats import KVSpec  # noqa: E402
+from kvtax.formats import ChannelBlockFormat, KVSpec  # noqa: E402
 from kvtax.harness.bench.gpu_timer import WARMUP_MS, Timer, stats  # noqa: E402
 from kvtax.harness.bench.step_profile import attention_critical_us, critical_path  # noqa: E402
 from kvtax.harness.bench.gpu_timer import git_commit as _git_commit  # noqa: E402
 
 KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvtax-fp8": "fp8",
-         "kvtax-int8hk": "int8+hk", "kvtax-int4c64": "k4-c64v4-g32", "kvtax-k4c64v4": "k4-c64v4"}
+         "kvtax-int8hk": "int8+hk", "kvtax-int4c64": "k4-c64v4-g32", "kvtax-k4c64v4": "k4-c64v4",
+         "kvtax-k3c64v3": "k3-c64v3-g32"}
 # Hybrid arms: the whole spec a user names (fp16 sinks + recent ring, quantized body, LSE
 # merge), through kvtax.attention.attention as a model layer calls it.
-HYBRID = {"kvtax-q4": "q4"}
+HYBRID = {"kvtax-q4": "q4", "kvtax-q3": "q3"}
 ALL_ARMS = [
     *KVTAX, *HYBRID, "sdpa-flash", "sdpa-cudnn", "hf-dequant-sdpa-int8", "hf-dequant-sdpa-int4",
     "unfused-int8", "unfused-int4",
@@ -318,7 +320,7 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
         for t0 in range(0, ctx, step):
             caches[spec].append(*(x[:, :, t0:t0 + step] for x in kv))
     for fmt in sorted(wanted):
-        if KVSpec.parse(fmt).key.name == "int4-c64":
+        if isinstance(KVSpec.parse(fmt).key, ChannelBlockFormat):  # int4-c64, int3-c64
             caches[fmt] = BlockKeysCache(fmt, *kv)
             continue
         spec = "bf16" if fmt == "fp16" and dtype == torch.bfloat16 else fmt  # the float arms
@@ -344,10 +346,10 @@ def run_context(ctx, cells, timer, ceiling, args, t0):
 
 
 class BlockKeysCache:
-    """A plain view of `k`, `v` `[B, H_kv, ctx, D]` under a spec with int4-c64 keys, both
-    quantized into block-aligned storage (slots rounded up to 64; the padding rows are
-    zeros past the length). `used_nbytes` counts the format's bytes per token of the
-    `ctx` tokens, as FullCache's does."""
+    """A plain view of `k`, `v` `[B, H_kv, ctx, D]` under a spec with int4-c64 or int3-c64
+    keys, both quantized into block-aligned storage (slots rounded up to 64; the padding
+    rows are zeros past the length). `used_nbytes` counts the format's bytes per token of
+    the `ctx` tokens, as FullCache's does."""
 
     def __init__(self, spec: str, k: torch.Tensor, v: torch.Tensor) -> None:
         self.spec = KVSpec.parse(spec)

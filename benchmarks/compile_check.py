@@ -176,6 +176,48 @@ def hybrid_cases(full: bool):
             lambda: launch.launch_parts_decode(parts, torch.empty_like(q)))
 
 
+def int3_cases(full: bool):
+    """3-bit codes on the tile kernels (format codes 5 and 6): q3's body (int3-c64 keys,
+    int3-g32 values) at D 64 / 128 / 256 in each query dtype, int3 values or keys beside
+    other formats, decode and (with `full`) prefill, and q3's fused hybrid decode."""
+    from kvtax.attention import launch, triton_api as ta
+    from kvtax.attention.view import CacheView
+    from kvtax.cache import FullCache
+    from kvtax.cache.hybrid import HybridCache
+    from kvtax.formats import ChannelBlockFormat, KVSpec
+
+    grid = [("k3-c64v3-g32", d, dt) for d in (64, 128, 256)
+            for dt in (torch.float16, torch.bfloat16, torch.float32)]
+    grid += [("k3-c64v8", 128, torch.float16), ("k16v3-g32", 128, torch.bfloat16),
+             ("k4v3-g32", 64, torch.float16), ("int3", 128, torch.float16),
+             ("int3-g16", 80, torch.float16)]
+    for spec, d, dtype in grid:
+        kv = KVSpec.parse(spec)
+        k = torch.randn(1, 2, 320, d, dtype=dtype)
+        if isinstance(kv.key, ChannelBlockFormat):
+            view = CacheView(kv.key.quantize(k), kv.value.quantize(k), kv, head_dim=d,
+                             length=300, dtype=dtype)
+        else:
+            cache = FullCache(spec)
+            cache.fused_store = False
+            cache.append(k, k)
+            view = cache.view()
+        for n_q in (1, 300) if full else (1,):
+            q = torch.randn(1, 8, n_q, d, dtype=dtype)
+            yield (f"int3 {spec} D{d} G4 L{n_q} {dtype}",
+                   lambda q=q, v=view: ta.triton_attention(q, v))
+    for dtype in (torch.float16, torch.bfloat16):
+        cache = HybridCache("q3", max_chunk=320)
+        for part in cache.parts:
+            part.fused_store = False
+        k = torch.randn(1, 2, 320, 128, dtype=dtype)
+        cache.append(k, k)
+        q = torch.randn(1, 8, 1, 128, dtype=dtype)
+        parts = [(q, p.view, p.min_distance, p.min_key) for p in cache.view().parts]
+        yield f"parts q3 D128 G4 L1 {dtype} pdl", lambda q=q, parts=parts: _with_all_pdl(
+            lambda: launch.launch_parts_decode(parts, torch.empty_like(q)))
+
+
 def sweep_cases():
     """benchmarks/attention.py's decode sweep variants (launch options differ)."""
     import attention as bench  # benchmarks/attention.py (the script's folder is on the path)
@@ -320,7 +362,7 @@ def _resources(kernel) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, default=90)
-    p.add_argument("--only", choices=["attention", "swap", "sweep", "store", "gemv"],
+    p.add_argument("--only", choices=["attention", "int3", "swap", "sweep", "store", "gemv"],
                    default=None)
     p.add_argument("--full", action="store_true", help="also the prefill path")
     p.add_argument("-v", action="store_true", help="print tracebacks")
@@ -343,6 +385,8 @@ def main() -> int:
         cases += list(hybrid_cases(args.full))
         cases += list(swap_cases())
         cases += list(c64_swap_cases())
+    if args.only in (None, "attention", "int3"):
+        cases += list(int3_cases(args.full))
     if args.only == "swap":
         cases += list(swap_cases())
         cases += list(c64_swap_cases())

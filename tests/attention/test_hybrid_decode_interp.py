@@ -24,6 +24,7 @@ from kvtax.cache.hybrid import HybridCache
 from tests.attention.test_kernels_lse_interp import LSE_TOLERANCE
 from tests.support import kernels as ke
 from tests.support.channel import channel_view
+from tests.support.fused import fused_only
 from tests.support.kernels import DEVICE, TOLERANCE, build
 
 pytestmark = pytest.mark.kernels
@@ -39,28 +40,12 @@ def _poison_workspace(monkeypatch):
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Force the kernels (CPU: the interpreter) and count Triton launches by kind; the
-    per-part path (part_attention, merge_lse) raises, so a silent fallback fails."""
-    counts = {"split": 0, "reduce": 0}
-
-    def spy(fn, kind):
-        original = fn.run
-        monkeypatch.setattr(fn, "run", lambda *a, **k: counts.__setitem__(
-            kind, counts[kind] + 1) or original(*a, **k))
-
+    """The fused path only (tests/support/fused.py): one split kernel per part plus one
+    reduce are counted."""
     gluon = support.gluon_swap_kernel()  # CUDA: q4's body runs there
-    for fn in (*SPLIT_KERNELS, *(() if isinstance(gluon, str) else (gluon,))):
-        spy(fn, "split")
-    spy(reduce.decode_attn_reduce_kernel, "reduce")
-    if not ke.HAS_CUDA:
-        monkeypatch.setattr(dispatch_mod, "kernel_unavailable", lambda *a: None)
-
-    def boom(*a, **k):
-        raise AssertionError("the per-part path ran")
-
-    monkeypatch.setattr(dispatch_mod, "part_attention", boom)
-    monkeypatch.setattr(dispatch_mod, "merge_lse", boom)
-    return counts
+    split = (*SPLIT_KERNELS, *(() if isinstance(gluon, str) else (gluon,)))
+    return fused_only(monkeypatch, {"split": split,
+                                    "reduce": [reduce.decode_attn_reduce_kernel]})
 
 
 def _hybrid(spec, *, d, group, ctx, n_q, batch=2, h_kv=2, window=None, seed=0):
@@ -139,17 +124,14 @@ def test_fused_decode_reads_device_lengths(launches):
     ke.assert_close(got.float(), want, atol=2e-2, rel_rms=4e-3, what="device lengths")
 
 
-def test_prefill_rows_keep_the_per_part_path(monkeypatch):
-    """More than 16 query rows: no fused decode; the per-part path serves them."""
+def test_prefill_rows_take_the_prefill_chain(monkeypatch):
+    """More than 16 query rows: no fused decode; the parts' prefill kernels serve them
+    (dispatch.hybrid_prefill, tests/attention/test_hybrid_prefill_interp.py)."""
     q, view = _hybrid("q4", d=64, group=1, ctx=150, n_q=20)
     monkeypatch.setattr(dispatch_mod, "kernel_unavailable", lambda *a: None)
     assert "prefill" in hybrid_decode_reason(q, view)
-    calls = []
-    real = dispatch_mod.part_attention
-    monkeypatch.setattr(dispatch_mod, "part_attention",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert dispatch_mod.hybrid_prefill_reason(q, view) is None
     got = attention(q, view)
-    assert len(calls) == len(view.parts)
     ke.assert_close(got.float(), _reference(q, view), atol=2e-2, rel_rms=4e-3, what="prefill")
 
 

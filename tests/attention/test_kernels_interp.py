@@ -94,8 +94,8 @@ def test_sliding_window_sinks_wrapped_ring(spec, n_q):
 @pytest.mark.parametrize("spec, sinks", [("fp16", 4), ("int8", 0), ("int4", 3)])
 def test_ring_far_wider_than_its_window_reads_the_window(spec, sinks, ctx):
     """A ring holding a chunk's worth past its window (a hybrid cache's fp16 part): the
-    decode kernel reads only the sinks and the window's slots (one or two runs, wrapped
-    or not, inside the sinks' tile or not), and the result is still the reference's."""
+    decode and prefill kernels read only the sinks and the window's slots (one or two runs,
+    wrapped or not, inside the sinks' tile or not), and the result is still the reference's."""
     from kvtax.cache import SlidingCache
 
     gen = torch.Generator().manual_seed(ctx)
@@ -106,7 +106,7 @@ def test_ring_far_wider_than_its_window_reads_the_window(spec, sinks, ctx):
         cache.append(k[:, :, t0:t0 + 17], v[:, :, t0:t0 + 17])
     view = cache.view()
     assert view.ring > 5 * view.window  # several 32-slot tiles, most outside the window
-    for n_q in (1, 3):
+    for n_q in (1, 3, min(ctx, 45)):  # 45 rows: the prefill kernel, blocks of 16 positions
         q = torch.randn(1, 8, n_q, 64, generator=gen).to(DEVICE, torch.float16)
         check(q, view, what=f"wide ring {spec} ctx {ctx} L{n_q}")
 

@@ -150,10 +150,17 @@ def _hybrid_run(spec, window, chunks, decode_steps, *, seed=0):
 )
 def test_hybrid_cache_kernels_match_reference(spec, window, chunks, monkeypatch):
     """HybridCache appended in chunks, then decoded: kernel path == reference path
-    (prompt chunks per part, decode steps fused: tests/attention/test_hybrid_decode_interp.py)."""
+    (prompt chunks through the parts' chained prefill kernels, or per part where a part
+    stores rotated values; decode steps fused: tests/attention/test_hybrid_decode_interp.py)."""
     calls, fused = [], []
     real = triton_api.triton_attention_lse
     real_fused = dispatch_mod.hybrid_decode
+    real_chain = dispatch_mod.hybrid_prefill
+
+    def chain(q, view, **kwargs):
+        calls.extend(p.min_distance + p.min_key for p in view.parts)
+        fused.append(1)
+        return real_chain(q, view, **kwargs)
 
     def spy(*args, **kwargs):
         calls.append(kwargs.get("min_distance", 0) + kwargs.get("min_key", 0))
@@ -162,6 +169,7 @@ def test_hybrid_cache_kernels_match_reference(spec, window, chunks, monkeypatch)
     monkeypatch.setattr(triton_api, "triton_attention_lse", spy)
     monkeypatch.setattr(dispatch_mod, "hybrid_decode",
                         lambda *a, **k: fused.append(1) or real_fused(*a, **k))
+    monkeypatch.setattr(dispatch_mod, "hybrid_prefill", chain)
     for step, (q, view) in enumerate(_hybrid_run(spec, window, chunks, 3)):
         with monkeypatch.context() as m:
             m.setattr(dispatch_mod, "kernel_unavailable", lambda *a: "forced reference")
@@ -174,7 +182,9 @@ def test_hybrid_cache_kernels_match_reference(spec, window, chunks, monkeypatch)
             got = hybrid_attention(q, view)
         if q.shape[2] <= 16:  # decode rows: one fused call
             assert (len(calls), len(fused)) == (m_calls, m_fused + 1), "decode not fused"
-        else:
+        else:  # one chain, or each part on the kernels (rotated values)
+            chained = not any(p.view.spec.rotate_values for p in view.parts)
+            assert len(fused) == m_fused + chained, "prefill not chained"
             assert len(calls) == m_calls + len(view.parts), "every part should use the kernels"
         assert got.dtype == q.dtype
         atol, rel = TOLERANCE[q.dtype]

@@ -101,11 +101,14 @@ def test_three_bit_formats_match_oracles():
         pytest.approx(0.2466, abs=1e-4)
 
 
-def test_no_kernel_claims_three_bit():
+def test_attention_kernels_read_three_bit_the_store_kernel_does_not():
+    """Attention's tile kernels read 3-bit codes (format codes 5 int3-c64, 6 int3; the
+    kernel tests are tests/attention/test_kernels_int3_interp.py); the store kernel packs
+    8- and 4-bit codes only, so 3-bit writes take the torch path."""
     from kvtax.attention.support import format_code
     from kvtax.formats.store_triton import _format_code
 
-    for name in ("int3", "int3-g32", "int3-c64"):
-        assert format_code(parse_format(name)) is None
-        if not name.endswith("c64"):  # the store kernel never sees block formats
-            assert _format_code(parse_format(name)) is None
+    assert format_code(parse_format("int3-c64")) == (5, 64)
+    for name, group in (("int3", 64), ("int3-g32", 32)):
+        assert format_code(parse_format(name)) == (6, group)
+        assert _format_code(parse_format(name)) is None  # block formats never reach it

@@ -106,8 +106,9 @@ def _prefilled(name: str, kv: str, capacity: int | None = 200):
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-gemma3"])
 def test_graph_blocker_lets_q4_through_where_the_kernels_serve(name, monkeypatch) -> None:
-    """Presized q4 caches (full layers, and a c64 sliding body) pass once the kernels
-    serve CPU tensors (the interpreter standing in for CUDA); else one clear reason each."""
+    """Presized q4 and q3 caches (full layers, and a c64 sliding body) pass once the
+    kernels serve CPU tensors (the interpreter standing in for CUDA); else one clear
+    reason each."""
     from kvtax.attention import triton_api
 
     model, caches = _prefilled(name, "q4")
@@ -121,8 +122,8 @@ def test_graph_blocker_lets_q4_through_where_the_kernels_serve(name, monkeypatch
     assert "may grow" in graph_blocker(model, growable)
     empty = Runner(model, kv="q4").make_caches(capacity=200)
     assert "empty" in graph_blocker(model, empty)
-    _, int3 = _prefilled(name, "k3-c64v4@s4r128")
-    assert "int3-c64 has no kernel" in graph_blocker(model, int3)
+    for kv in ("q3", "k3-c64v4@s4r128"):  # 3-bit codes: the tile kernels read them too
+        assert graph_blocker(model, _prefilled(name, kv)[1]) is None, kv
     with use_attention(model, ATTENTION_PATHS["dequant"]):
         assert "does not read hybrid caches" in graph_blocker(model, caches)
 

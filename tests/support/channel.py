@@ -1,6 +1,6 @@
-"""int4-c64 key caches built by hand for the kernel tests: K quantized per channel over
-64-token blocks into block-aligned storage (slots rounded up to 64, the tail rows random
-but past `length`), V in any per-token format, and the queries."""
+"""int4-c64 / int3-c64 key caches built by hand for the kernel tests: K quantized per
+channel over 64-token blocks into block-aligned storage (slots rounded up to 64, the tail
+rows random but past `length`), V in any per-token format, and the queries."""
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ def channel_view(
     dtype: torch.dtype = torch.float16,
     window: int | None = None,
     seed: int = 0,
+    key: str = "int4-c64",
 ) -> tuple[torch.Tensor, CacheView]:
     """Fresh random q `[batch, h_kv * group, n_q, d]` and a full-cache view of `ctx`
-    tokens whose keys are int4-c64 and values `value` (a per-token format name)."""
+    tokens whose keys are `key` (int4-c64 or int3-c64) and values `value` (a per-token
+    format name)."""
     gen = torch.Generator().manual_seed(seed)
     slots = -(-ctx // 64) * 64
     k = torch.randn(batch, h_kv, slots, d, generator=gen)
@@ -33,7 +35,8 @@ def channel_view(
     k[..., 5] += 3.0   # and a channel with an offset, so biases matter
     v = torch.randn(batch, h_kv, slots, d, generator=gen)
     k, v = k.to(DEVICE, dtype), v.to(DEVICE, dtype)
-    key_fmt, value_fmt = ChannelBlockFormat(), parse_format(value)
+    key_fmt, value_fmt = parse_format(key), parse_format(value)
+    assert isinstance(key_fmt, ChannelBlockFormat), key
     spec = KVSpec(key_fmt, value_fmt)
     view = CacheView(k=key_fmt.quantize(k), v=value_fmt.quantize(v), spec=spec, head_dim=d,
                      length=ctx, window=window, dtype=dtype)

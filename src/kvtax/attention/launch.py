@@ -24,12 +24,12 @@ from kvtax.attention.kernels.prefill import prefill_attn_fwd_kernel
 from kvtax.attention.kernels.reduce import decode_attn_reduce_kernel
 from kvtax.attention.launch_table import LaunchConfig, launch_config, max_slots
 from kvtax.attention.support import (
-    format_code, gluon_swap_kernel, gluon_swap_reason, half_width, interpreting, is_int4,
+    format_code, gluon_swap_kernel, gluon_swap_reason, half_width, interpreting,
     swap_reason, unsupported_reason, v_pairs, warp_reason,
 )
 from kvtax.attention.view import CacheView
 from kvtax.errors import ShapeError
-from kvtax.formats import ChannelBlockFormat, FP8Format, KVFormat, rotate
+from kvtax.formats import AffineFormat, ChannelBlockFormat, FP8Format, KVFormat, rotate
 
 # Test hook: fill split-KV partials (and triton_attention_lse's outputs) with NaN before
 # each launch so unwritten ones show.
@@ -43,13 +43,19 @@ def launch_attention(
     kv_start: torch.Tensor | None = None, out: torch.Tensor | None = None,
     config: LaunchConfig | None = None, lse: torch.Tensor | None = None,
     min_distance: int = 0, min_key: int = 0,
+    prior: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`triton_attention`'s launches. Besides its arguments (`out` may also be float32):
     lse: optional contiguous float32 `[B, H_q, L]`, filled with each row's log-sum-exp;
     min_distance / min_key: hide keys closer than that to the query, or before that
-    position (`attention_lse`'s masks). Both off by default (the plain kernel variants)."""
+    position (`attention_lse`'s masks). Both off by default (the plain kernel variants).
+    prior: `(out_p [B, H_q, L, D], lse_p [B, H_q, L])` contiguous float32, an earlier
+    disjoint part's attention (`triton_attention_lse`'s pair) merged into this call's
+    result (`merge_lse`'s sum, in the prefill kernel's epilogue; out and lse may be the
+    same tensors). Prefill calls only (ShapeError on the decode path)."""
     n_q, group, lengths, kv_start, out = _checked_call(q, view, lengths, kv_start, out, lse,
                                                        min_distance, min_key)
+    _check_prior(prior, q)
     if n_q == 0 or q.shape[0] == 0:
         return out
     cfg = config or launch_config(q, view, lengths, softcap=bool(softcap),
@@ -59,11 +65,16 @@ def launch_attention(
                  qk_scale, cap_log2, bool(softcap))
     if cfg.path == "prefill":
         grid = (triton.cdiv(group * n_q, cfg.block_m), q.shape[0] * view.num_kv_heads)
+        pri = (dict(Prior=prior[0], PriorLse=prior[1], HAS_PRIOR=True) if prior is not None
+               else dict(Prior=out, PriorLse=args.lse["Lse"]))
         prefill_attn_fwd_kernel[grid](
             q, out, *args.cache, *args.scalars, *q.stride(), *out.stride()[:3], *args.strides,
-            **args.masks, **args.lse, **args.common,
+            **args.masks, **args.lse, **pri, **args.common,
         )
         return out
+    if prior is not None:
+        raise ShapeError(f"prior: {n_q} query rows take the decode path, which merges parts "
+                         "in its reduce (launch_parts_decode)")
     _decode(args, explicit=config is not None)
     return out
 
@@ -123,7 +134,7 @@ SHORT_PART_TILES = 64  # a part of at most this many tiles is read one tile per 
 
 def _read_tiles(a: _Args) -> int:
     """Tiles a decode over this part reads: a ring through a window reads only the sinks
-    and the window's slots (decode_warp.py's `_window_runs`; +2 tiles for their edges)."""
+    and the window's slots (common.py's `window_runs`; +2 tiles for their edges)."""
     v, n = a.view, max(max_slots(a.view, a.lengths), 1)
     if v.ring and v.window is not None:
         n = min(n, v.sinks + v.window + a.q.shape[2] + 2 * a.cfg.block_n)
@@ -173,6 +184,19 @@ def _checked_call(q, view, lengths, kv_start, out, lse,  # noqa: ANN001, ANN202
     if not 0 <= min_distance < 2**31 or not 0 <= min_key < 2**31:
         raise ShapeError(f"min_distance {min_distance}, min_key {min_key} must be in [0, 2^31)")
     return n_q, group, lengths, kv_start, out
+
+
+def _check_prior(prior, q: torch.Tensor) -> None:  # noqa: ANN001
+    """ShapeError unless `prior` is None or contiguous float32 `(out [B, H_q, L, D],
+    lse [B, H_q, L])` on q's device."""
+    if prior is None:
+        return
+    o, lse = prior
+    for t, shape in ((o, tuple(q.shape)), (lse, tuple(q.shape[:3]))):
+        if (tuple(t.shape) != shape or t.dtype != torch.float32 or not t.is_contiguous()
+                or t.device != q.device):
+            raise ShapeError(f"prior tensors must be contiguous float32 {shape} on {q.device}, "
+                             f"got {t.dtype} {tuple(t.shape)}")
 
 
 def _score_scales(view: CacheView, scale: float | None, softcap: float | None):  # noqa: ANN202
@@ -279,7 +303,7 @@ def _decode_splits(a: _Args, part: tuple, explicit: bool, split_base: int = 0) -
     elif cfg.kernel == "warp":
         reason = warp_reason(view)
         if isinstance(view.spec.key, ChannelBlockFormat) and cfg.block_n > 64:
-            reason = "int4-c64 keys need tiles inside one 64-slot block"
+            reason = f"{view.spec.key.name} keys need tiles inside one 64-slot block"
         if reason is not None or cfg.block_m < rows:
             raise ShapeError(f"decode_warp kernel cannot run this call: {reason or 'rows'}")
         decode_warp_kernel[grid](
@@ -414,15 +438,18 @@ def pdl_options(kind: str, q: torch.Tensor, cfg: LaunchConfig | None = None) -> 
 
 
 def _fold_pays(fmt: KVFormat, head_dim: int, block_n: int) -> bool:
-    """Move scales off the elements (decode) for fp8 and for int4 whose half-rows each lie
-    in one scale group; int8 measured faster dequantizing per element (docs/KERNELS.md).
-    int4-c64 keys fold into the queries where a tile lies in one 64-slot block."""
+    """Move scales off the elements (decode) for fp8 and for int4 / int3 whose half-rows
+    each lie in one scale group; int8 measured faster dequantizing per element
+    (docs/KERNELS.md). int4-c64 / int3-c64 keys fold into the queries where a tile lies in
+    one 64-slot block. (3-bit takes int4's rule: the fold saves the same per-element
+    multiply-add after the same unpack; not yet measured on a GPU.)"""
     if isinstance(fmt, FP8Format):
         return True
     if isinstance(fmt, ChannelBlockFormat):
         return block_n <= fmt.block
     half = head_dim // 2
-    return is_int4(fmt) and fmt.group_size >= half and half_width(head_dim) == half
+    return (isinstance(fmt, AffineFormat) and fmt.n_bits in (3, 4)
+            and fmt.group_size >= half and half_width(head_dim) == half)
 
 
 def _ieee_dots(dtype: torch.dtype) -> bool:

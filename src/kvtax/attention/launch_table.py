@@ -17,7 +17,8 @@ their row below and share one workspace and one reduce (`launch.launch_parts_dec
     int8 K and V                → warp, two pipeline stages (8% faster than three)
     otherwise (int4-c64 keys with other values too)
                                 → warp, defaults
-  otherwise                     → tile (decode.py: up to 128 packed rows, 4-8 warps)
+  otherwise (3-bit K or V always: `support.three_bit_reason`)
+                                → tile (decode.py: up to 128 packed rows, 4-8 warps)
 Prefill (longer chunks): tiles by query dtype and head dim (`_prefill_config`).
 """
 
@@ -29,7 +30,9 @@ from functools import lru_cache
 import torch
 import triton
 
-from kvtax.attention.support import gluon_swap_reason, half_width, is_int4, warp_reason
+from kvtax.attention.support import (
+    gluon_swap_reason, half_width, is_int4, three_bit_reason, warp_reason,
+)
 from kvtax.attention.view import CacheView
 from kvtax.formats import AffineFormat, ChannelBlockFormat, FP8Format
 
@@ -114,7 +117,7 @@ def decode_rows(q: torch.Tensor, view: CacheView) -> bool:
 def _prefill_config(q: torch.Tensor, view: CacheView) -> LaunchConfig:
     """prefill.py's tiles: float32 queries small tiles; D = 80, 96 (per-dim scale
     gathers need registers) 8 warps; D <= 128 wide 128 x 128 tiles, 64 x 128 over 4 warps
-    for int4-c64 keys; D 256 64 x 64.
+    for int4-c64 keys; D 256 64 x 64; 3-bit K or V `_three_bit_prefill_config`.
 
     int4-c64 keys (a scale and bias per channel and 64-slot block, so each thread holds
     its columns' vectors for the tile's two blocks and the next tile's) measured 35%
@@ -125,11 +128,24 @@ def _prefill_config(q: torch.Tensor, view: CacheView) -> LaunchConfig:
         return LaunchConfig("prefill", 64, 32, 4, 2)
     if half != view.head_dim // 2:
         return LaunchConfig("prefill", 64, 64, 8, 2)
+    if three_bit_reason(view) is not None:
+        return _three_bit_prefill_config(half)
     if half <= 64 and isinstance(view.spec.key, ChannelBlockFormat):
         return LaunchConfig("prefill", 64, 128, 4, 3)
     if half <= 64:
         return LaunchConfig("prefill", 128, 128, 8, 3)
     return LaunchConfig("prefill", 64, 64, 4, 2)
+
+
+def _three_bit_prefill_config(half: int) -> LaunchConfig:
+    """prefill.py's tiles where K or V holds 3-bit codes: 128 x 64 over 8 warps at D <= 128,
+    64 x 32 over 4 warps at D 256. Chosen by compile-only builds for sm_90, not timings
+    (Triton 3.9, `benchmarks/compile_check.py --only int3 --full`): none spills at D 64 /
+    128, 64 bytes of stack at D 256, where `_prefill_config`'s other tiles spilled q3's body
+    312 / 216 / 360 bytes; speed not yet measured on a GPU."""
+    if half <= 64:
+        return LaunchConfig("prefill", 128, 64, 8, 3)
+    return LaunchConfig("prefill", 64, 32, 4, 2)
 
 
 def _splits(view: CacheView, q: torch.Tensor, lengths: torch.Tensor | None, block_n: int,
@@ -192,9 +208,14 @@ def tile_decode_config(
     block_m = max(16, triton.next_power_of_2(group * n_q))
     wide = not any(f.is_quantized for f in (view.spec.key, view.spec.value))
     block_n = 32 if half > 64 else (128 if wide else 64)
+    stages = 3
+    if q.dtype == torch.float32 and half != view.head_dim // 2:
+        # float32 queries at D = 80 / 96 gather per-dim scales: 64-slot tiles over 3 stages
+        # asked 308-332 KiB of shared memory (sm_90 has 227), 32 over 2 asks 92-98
+        block_n, stages = 32, 2
     warps = 4 if block_m * half < 64 * 64 else 8
     bh = q.shape[0] * view.num_kv_heads
     tiles = triton.cdiv(max(max_slots(view, lengths), 1), block_n)
     want = triton.cdiv(8 * sm_count(q.device), bh)  # rounded up, unlike the one-warp kernels
     splits = max(1, min(want, triton.cdiv(tiles, 2), 256))
-    return LaunchConfig("decode", block_m, block_n, warps, 3, splits, fold=True)
+    return LaunchConfig("decode", block_m, block_n, warps, stages, splits, fold=True)

@@ -25,18 +25,31 @@ def interpreting() -> bool:
 
 def format_code(fmt: KVFormat) -> tuple[int, int] | None:
     """(kernel format code, group size) or None when the kernels don't know the format:
-    0 float, 1 int8, 2 int4, 3 fp8 e4m3, 4 int4-c64 (keys only; its group is the 64-token
-    block), group size 0 where there are no groups."""
-    if isinstance(fmt, ChannelBlockFormat):  # int3-c64: no kernel reads 3-bit planes yet
-        return (4, fmt.block) if fmt.n_bits == 4 else None
+    0 float, 1 int8, 2 int4, 3 fp8 e4m3, 4 int4-c64 and 5 int3-c64 (keys only; their
+    group is the 64-token block), 6 int3 (3-bit bit planes, per-token groups), group size
+    0 where there are no groups (kernels/dequant.py reads each)."""
+    if isinstance(fmt, ChannelBlockFormat):
+        return (4 if fmt.n_bits == 4 else 5), fmt.block
     if isinstance(fmt, FloatFormat):
         return 0, 0
     if isinstance(fmt, AffineFormat):
-        if fmt.n_bits == 3:  # no kernel reads 3-bit planes yet: the torch reference does
-            return None
-        return (1 if fmt.n_bits == 8 else 2), fmt.group_size
+        return {8: 1, 4: 2, 3: 6}[fmt.n_bits], fmt.group_size
     if isinstance(fmt, FP8Format):
         return 3, 0
+    return None
+
+
+def is_three_bit(fmt: KVFormat) -> bool:
+    """int3 / int3-c64: codes in bit planes, which only the tile kernels (decode.py,
+    prefill.py) unpack; the one-warp and swap decode kernels refuse them."""
+    return isinstance(fmt, (AffineFormat, ChannelBlockFormat)) and fmt.n_bits == 3
+
+
+def three_bit_reason(view: CacheView) -> str | None:
+    """Why the one-warp and swap decode kernels refuse this cache's 3-bit K or V, or None."""
+    for part, fmt in (("key", view.spec.key), ("value", view.spec.value)):
+        if is_three_bit(fmt):
+            return f"{part} format {fmt.name}: 3-bit codes are read by the tile kernel"
     return None
 
 
@@ -76,33 +89,38 @@ def unsupported_reason(q: torch.Tensor, view: CacheView, *, allow_cpu: bool = Fa
 
 
 def channel_keys_reason(view: CacheView) -> str | None:
-    """None unless int4-c64 is in the spec and the kernels cannot read it: they take it
-    for keys only, at head_dim 64 / 128 / 256 (whole power-of-two half rows), from
-    block-aligned storage whose metadata rows are packed (block j's D values at j * D)."""
+    """None unless a channel-block format (int4-c64, int3-c64) is in the spec and the
+    kernels cannot read it: they take it for keys only, at head_dim 64 / 128 / 256 (whole
+    power-of-two half rows), from block-aligned storage whose metadata rows are packed
+    (block j's D values at j * D)."""
     k_fmt, d = view.spec.key, view.head_dim
     if isinstance(view.spec.value, ChannelBlockFormat):
-        return "value format int4-c64 has no kernel (the kernels read it for keys only)"
+        return (f"value format {view.spec.value.name} has no kernel (the kernels read it "
+                "for keys only)")
     if not isinstance(k_fmt, ChannelBlockFormat):
         return None
     if d not in (64, 128, 256):
-        return f"int4-c64 keys at head_dim {d} (the kernels take 64, 128 and 256)"
+        return f"{k_fmt.name} keys at head_dim {d} (the kernels take 64, 128 and 256)"
     codes, scales, biases = view.k.codes, view.k.scales, view.k.biases
     if codes.shape[2] % k_fmt.block:
-        return f"int4-c64 key storage of {codes.shape[2]} slots is not block-aligned"
+        return f"{k_fmt.name} key storage of {codes.shape[2]} slots is not block-aligned"
     if scales.stride(-1) != 1 or scales.stride(-2) != d // k_fmt.block or \
             biases.stride() != scales.stride():
-        return "int4-c64 key scale rows are not packed"
+        return f"{k_fmt.name} key scale rows are not packed"
     return None
 
 
 def warp_reason(view: CacheView) -> str | None:
     """None when decode_warp.py serves this cache: head dim a power of two from 32 to
-    256, integer formats with at most one scale group per half row (group >= D/2) and
-    packed scale rows (int4-c64 keys: `channel_keys_reason`'s). Otherwise the tile
-    kernel (decode.py) runs."""
+    256, 8- or 4-bit integer formats with at most one scale group per half row (group >=
+    D/2) and packed scale rows (int4-c64 keys: `channel_keys_reason`'s). Otherwise the
+    tile kernel (decode.py) runs (3-bit codes always)."""
     d = view.head_dim
     if d & (d - 1) or not 32 <= d <= 256:
         return f"head_dim {d} is not a power of two in [32, 256]"
+    reason = three_bit_reason(view)
+    if reason is not None:
+        return reason
     for part, fmt, qt in (("key", view.spec.key, view.k), ("value", view.spec.value, view.v)):
         if isinstance(fmt, AffineFormat):
             if fmt.group_size < d // 2:
@@ -116,7 +134,8 @@ def v_pairs(view: CacheView) -> bool:
     """Read int8/int4 V tiles as uint16 pairs of dims (decode_warp.py's `v_pair_operands`):
     needs D/4 >= 16 (the MMA's smallest N) and 2-byte aligned code rows."""
     codes = view.v.codes
-    return (isinstance(view.spec.value, AffineFormat) and view.head_dim >= 64
+    return (isinstance(view.spec.value, AffineFormat) and view.spec.value.n_bits in (4, 8)
+            and view.head_dim >= 64
             and codes.data_ptr() % 2 == 0 and all(s % 2 == 0 for s in codes.stride()[:-1]))
 
 
@@ -126,8 +145,11 @@ def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     with one scale group per row or per half row, packed scale rows (pairs of 16-bit
     values 4-byte aligned when two groups), V code rows 2-byte aligned. Keys may also be
     int4-c64 (block metadata as `channel_keys_reason` takes it; a 32-slot step lies in
-    one 64-slot block)."""
+    one 64-slot block). 3-bit formats are the tile kernel's (`is_three_bit`)."""
     n_q, h_q, d = q.shape[2], q.shape[1], view.head_dim
+    reason = three_bit_reason(view)
+    if reason is not None:
+        return reason
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"queries are {q.dtype}"
     if h_q // view.num_kv_heads * n_q > 4:
@@ -138,7 +160,7 @@ def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
         return f"head_dim {d} not in (64, 128, 256)"
     if isinstance(view.spec.key, ChannelBlockFormat):
         if view.spec.key.n_bits != 4:
-            return f"key format {view.spec.key} is not int8 / int4 / int4-c64"
+            return f"key format {view.spec.key.name} is not int8 / int4 / int4-c64"
         reason = channel_keys_reason(view)
         if reason is not None:
             return reason
@@ -146,7 +168,7 @@ def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
         if part == "key" and isinstance(fmt, ChannelBlockFormat):
             continue
         if not isinstance(fmt, AffineFormat) or fmt.n_bits not in (4, 8):
-            return f"{part} format {fmt} is not int8 / int4"
+            return f"{part} format {fmt.name} is not int8 / int4"
         if fmt.group_size < d // 2:
             return f"{part} group size {fmt.group_size} < head_dim / 2"
         ng = d // fmt.group_size

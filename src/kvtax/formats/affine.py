@@ -8,8 +8,9 @@ errors compare with the seeds' mlx-lm measurements.
 int4 packs two codes per byte in *split halves*: byte `j` holds dim `j` in its low
 nibble and dim `j + head_dim/2` in its high nibble. A kernel then unpacks a tile with
 one mask and one shift into two contiguous half-rows, with no interleave shuffle. int3
-packs a 2-bit and a 1-bit plane the same way (kvtax.formats.packing); the fused kernels
-do not read it yet (attention runs the torch reference for it).
+packs a 2-bit and a 1-bit plane the same way (kvtax.formats.packing); attention's tile
+kernels unpack both planes (kernel format code 6), the cache store kernel does not (3-bit
+writes quantize in torch).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Grammar (case-insensitive):
   format := fp16 | bf16 | fp32 | fp8 | fp8-pt | int8 | int4 | int3, optionally `-g<group>`
             for int formats (aliases: 16 → fp16, 8 → int8, 4 → int4, 3 → int3, fp8_e4m3 →
-            fp8; int3 has no fused kernel yet: attention reads it in torch); fp8 has a
+            fp8; int3 is read by the tile kernels only, docs/KERNELS.md); fp8 has a
             scale per token and head, fp8-pt one per tensor (1.0: vLLM's default fp8);
             int4-c64 / int3-c64: per channel over 64-token blocks (keys; kvtax.formats.channel)
   spec   := pair [+hk | +hkv] [+ck]       +hk: Hadamard-rotate keys before quantizing;
@@ -49,7 +49,7 @@ DEFAULT_KV = "int8+hk+ck"
 # the fast decode kernels read (docs/QUALITY.md, the scheme screen).
 # q3: 3-bit keys (per channel) and values (groups of 32) with 96 fp16 recent tokens: 0.247 /
 # 0.237 of fp16's bytes at 8k / 32k (head_dim 64). With q4's 128 it held 0.2505 at 8k, over
-# the 0.25 a 3-bit cache is for; int3-c64 keys need >= 63. No fused kernel yet.
+# the 0.25 a 3-bit cache is for; int3-c64 keys need >= 63. Read by the tile kernels.
 SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4-c64v4@s4r128", "q3": "k3-c64v3-g32@s4r96"}
 # What a short name stores on a sliding-window layer where that differs. int4-c64 keys need
 # >= 63 fp16 recent tokens (a query never reads a block still open), so on a 512-token

@@ -5,7 +5,8 @@
 - `common`: the slot → position map, visibility, PDL entry / exit, and one online-softmax
   step of the tile kernels.
 - `prefill`: a block of query rows (GQA heads packed into M) against the whole cache.
-- `decode`: the tile decode kernel: 1..16 query rows, split-KV partials, any format.
+- `decode`: the tile decode kernel: 1..16 query rows, split-KV partials, any format (the
+  only decode kernel for 3-bit codes).
 - `decode_warp`: one-warp split-KV decode with the scales folded out of the tiles;
   `warp_tiles` holds its code → fp16 operand loads.
 - `decode_swap_gluon`: the swapped decode (slots as the MMA's M) in Gluon, the int8 /

@@ -55,6 +55,26 @@ def num_slots_of(length, sinks, ring, IS_RING: tl.constexpr):
 
 
 @triton.jit
+def window_runs(length, n_q, num_slots, sinks, ring, window, BLOCK_N: tl.constexpr):
+    """(a_hi, b_lo, b_hi): tile-aligned slot runs [0, a_hi) and [b_lo, b_hi), disjoint,
+    that hold every slot a ring read through `window` shows to the last n_q queries: the
+    sinks, the window's slots that wrapped to the ring's start, and its slots before the
+    ring's end. Why: a ring holds a prefill chunk's worth past its window (a hybrid cache's
+    fp16 part: 2,180 slots for a 128-token window), and a decode reads ~5 tiles of them.
+    A held position p sits in slot sinks + (p - sinks) % ring whatever the cache's length,
+    so a prefill program passes its last query + 1 and its query positions' count."""
+    t0 = tl.maximum(sinks, length - n_q - window + 1)  # the oldest visible ring position
+    count = tl.maximum(length - t0, 0)
+    s0 = sinks + (t0 - sinks) % ring
+    end = s0 + count  # past sinks + ring where the window wraps
+    wrapped = tl.maximum(end - (sinks + ring), 0)
+    a_hi = tl.minimum(tl.cdiv(sinks + wrapped, BLOCK_N) * BLOCK_N, num_slots)
+    b_hi = tl.minimum(tl.cdiv(tl.minimum(end, sinks + ring), BLOCK_N) * BLOCK_N, num_slots)
+    b_lo = tl.minimum(tl.maximum(a_hi, s0 // BLOCK_N * BLOCK_N), b_hi)
+    return a_hi, b_lo, b_hi
+
+
+@triton.jit
 def sequence_of(pid_bh, n_kv_heads, Lens, KvStart, length_host, sinks, ring,
                 IS_RING: tl.constexpr, HAS_LENS: tl.constexpr, HAS_KV_START: tl.constexpr):
     """(b, h, length, num_slots, kv0) of the program row `pid_bh` = b * H_kv + h: its
@@ -128,11 +148,11 @@ def tile_meta(p_ks, p_kb, p_vs, p_vb, start, num_slots, s_km, s_vm,
               K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr,
               V_GS: tl.constexpr):
     """K and V scales/biases of the tile at `start` (8 tensors, see `load_meta`; int4-c64
-    keys: `load_block_meta`'s per-block vectors)."""
+    and int3-c64 keys: `load_block_meta`'s per-block vectors)."""
     o_n = start + tl.arange(0, BLOCK_N)
     m_n = o_n < num_slots
     o_t = o_n.to(tl.int64)
-    if K_FMT == 4:
+    if K_FMT == 4 or K_FMT == 5:
         ks_lo, kb_lo, ks_hi, kb_hi = load_block_meta(p_ks, p_kb, start, num_slots, HEAD_DIM,
                                                      BLOCK_N)
     else:
@@ -176,9 +196,9 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
     o_n = start + tl.arange(0, BLOCK_N)
     m_n = o_n < num_slots
     o_t = o_n.to(tl.int64)
-    if FOLD_K and K_FMT == 4:
+    if FOLD_K and (K_FMT == 4 or K_FMT == 5):
         s = _fold_qk_blocks(q_lo, q_hi, p_kc, o_t, m_n, s_kc, ks_lo, kb_lo, ks_hi, kb_hi,
-                            HEAD_DIM, HALF, IEEE)
+                            HEAD_DIM, HALF, K_FMT, IEEE)
     elif FOLD_K:
         # q.(s*c + b) per half = s * (q.c) + b * sum(q); codes may carry an offset
         c_lo, c_hi = load_codes(p_kc, o_t, m_n, s_kc, HEAD_DIM, HALF, K_FMT, dtype)
@@ -293,7 +313,7 @@ def _fold_pv(acc, alpha, p, codes, scale, bias, FMT: tl.constexpr, DTYPE: tl.con
     top = tl.maximum(tl.max(scale, 0), 1e-30)
     pv = (p * (scale / top)[None, :]).to(DTYPE)  # [BLOCK_M, BLOCK_N]
     o = _dot(pv, codes, IEEE)
-    if (FMT == 1 or FMT == 2) and DTYPE == tl.float16:
+    if (FMT == 1 or FMT == 2 or FMT == 6) and DTYPE == tl.float16:
         o -= 1024.0 * tl.sum(pv.to(tl.float32), 1)[:, None]  # codes carry +1024
     acc = acc * alpha[:, None] + top * o
     if FMT != 3:
@@ -303,8 +323,10 @@ def _fold_pv(acc, alpha, p, codes, scale, bias, FMT: tl.constexpr, DTYPE: tl.con
 
 @triton.jit
 def _fold_qk_blocks(q_lo, q_hi, p_kc, o_t, m_n, s_kc, s_lo, b_lo, s_hi, b_hi,
-                    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, IEEE: tl.constexpr):
-    """Scores `[BLOCK_M, BLOCK_N]` of int4-c64 keys in a tile inside one 64-slot block:
+                    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, FMT: tl.constexpr,
+                    IEEE: tl.constexpr):
+    """Scores `[BLOCK_M, BLOCK_N]` of int4-c64 / int3-c64 keys (FMT 4 / 5) in a tile inside
+    one 64-slot block:
     q.(s * c + b) = (q * s).c + q.b, with s, b `[1, HALF]` per channel (`load_block_meta`).
 
     Why: a decode tile has BLOCK_M (16) query rows but BLOCK_N (32-64) key rows, so
@@ -313,11 +335,11 @@ def _fold_qk_blocks(q_lo, q_hi, p_kc, o_t, m_n, s_kc, s_lo, b_lo, s_hi, b_hi,
     codes carry (`code_offset`) comes off with the sum of those same rounded values.
     """
     dtype = q_lo.dtype
-    c_lo, c_hi = load_codes(p_kc, o_t, m_n, s_kc, HEAD_DIM, HALF, 4, dtype)
+    c_lo, c_hi = load_codes(p_kc, o_t, m_n, s_kc, HEAD_DIM, HALF, FMT, dtype)
     qs_lo = (q_lo.to(tl.float32) * s_lo.to(tl.float32)).to(dtype)  # [BLOCK_M, HALF]
     qs_hi = (q_hi.to(tl.float32) * s_hi.to(tl.float32)).to(dtype)
     s = dot_acc(qs_hi, tl.trans(c_hi), _dot(qs_lo, tl.trans(c_lo), IEEE), IEEE)
-    off = code_offset(4, dtype)
+    off = code_offset(FMT, dtype)
     qb = tl.sum(q_lo.to(tl.float32) * b_lo.to(tl.float32), 1)
     qb += tl.sum(q_hi.to(tl.float32) * b_hi.to(tl.float32), 1)
     qb -= off * (tl.sum(qs_lo.to(tl.float32), 1) + tl.sum(qs_hi.to(tl.float32), 1))

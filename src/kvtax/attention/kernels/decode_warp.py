@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels.common import (
-    dot_acc, head_pointers, pdl_enter, pdl_exit, sequence_of, tanh, visible,
+    dot_acc, head_pointers, pdl_enter, pdl_exit, sequence_of, tanh, visible, window_runs,
 )
 from kvtax.attention.kernels.warp_tiles import (
     block_meta, tile_meta, tile_operands, v_pair_operands,
@@ -194,24 +194,6 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
 
 
 @triton.jit
-def _window_runs(length, n_q, num_slots, sinks, ring, window, BLOCK_N: tl.constexpr):
-    """(a_hi, b_lo, b_hi): tile-aligned slot runs [0, a_hi) and [b_lo, b_hi), disjoint,
-    that hold every slot a ring read through `window` shows to the last n_q queries: the
-    sinks, the window's slots that wrapped to the ring's start, and its slots before the
-    ring's end. Why: a ring holds a prefill chunk's worth past its window (a hybrid cache's
-    fp16 part: 2,180 slots for a 128-token window), and a decode reads ~5 tiles of them."""
-    t0 = tl.maximum(sinks, length - n_q - window + 1)  # the oldest visible ring position
-    count = tl.maximum(length - t0, 0)
-    s0 = sinks + (t0 - sinks) % ring
-    end = s0 + count  # past sinks + ring where the window wraps
-    wrapped = tl.maximum(end - (sinks + ring), 0)
-    a_hi = tl.minimum(tl.cdiv(sinks + wrapped, BLOCK_N) * BLOCK_N, num_slots)
-    b_hi = tl.minimum(tl.cdiv(tl.minimum(end, sinks + ring), BLOCK_N) * BLOCK_N, num_slots)
-    b_lo = tl.minimum(tl.maximum(a_hi, s0 // BLOCK_N * BLOCK_N), b_hi)
-    return a_hi, b_lo, b_hi
-
-
-@triton.jit
 def _first(x, off, step):
     """The first of the tiles off, off + step, off + 2 step, ... at or past slot x."""
     return off + tl.cdiv(tl.maximum(x - off, 0), step) * step
@@ -304,7 +286,7 @@ def decode_warp_kernel(
     # a ring read through a window: only the sinks and the window's slots (<= 2 runs)
     a_hi, b_lo, b_hi = hi, hi, hi
     if IS_RING and HAS_WINDOW:
-        a_hi, b_lo, b_hi = _window_runs(length, n_q, num_slots, sinks, ring, window, BLOCK_N)
+        a_hi, b_lo, b_hi = window_runs(length, n_q, num_slots, sinks, ring, window, BLOCK_N)
     # every loop walks this split's tiles off, off + step, ... from its first one past a
     # bound, so the V metadata prefetched for `start + step` is always the next tile's
     first = _first(lo, off, step)

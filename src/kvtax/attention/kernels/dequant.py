@@ -13,7 +13,9 @@ their latency hides behind the current tile instead of stalling every iteration.
 Format codes (constexpr): 0 float (fp16/bf16/fp32 rows), 1 int8 affine, 2 int4 affine
 (split halves), 3 fp8 e4m3 with one scale per row (codes passed as uint8), 4 int4-c64
 keys (int4's split-halves codes; one scale and bias per channel per 64-slot block,
-kvtax.formats.channel, read by `load_block_meta`).
+kvtax.formats.channel, read by `load_block_meta`), 5 int3-c64 keys (code 4's block
+metadata, 3-bit codes), 6 int3 affine (code 2's per-token groups, 3-bit codes). 3-bit
+codes are kvtax.formats.packing's two bit planes, unpacked by `_int3_codes`.
 """
 
 import triton
@@ -58,7 +60,7 @@ def load_meta(p_scales, p_biases, o_t, m_t, s_mt, HEAD_DIM: tl.constexpr,
     b_hi = none
     if FMT == 3:
         s_lo = tl.load(p_scales + o_t * s_mt, mask=m_t, other=0.0)
-    elif (FMT == 1 or FMT == 2) and HALF == HEAD_DIM // 2:
+    elif (FMT == 1 or FMT == 2 or FMT == 6) and HALF == HEAD_DIM // 2:
         s_lo = _meta_half(p_scales, o_t, m_t, s_mt, 0, HEAD_DIM, GS)
         b_lo = _meta_half(p_biases, o_t, m_t, s_mt, 0, HEAD_DIM, GS)
         s_hi = _meta_half(p_scales, o_t, m_t, s_mt, HEAD_DIM // 2, HEAD_DIM, GS)
@@ -69,7 +71,7 @@ def load_meta(p_scales, p_biases, o_t, m_t, s_mt, HEAD_DIM: tl.constexpr,
 @triton.jit
 def load_block_meta(p_scales, p_biases, start, num_slots, HEAD_DIM: tl.constexpr,
                     BLOCK_N: tl.constexpr):
-    """int4-c64 scales/biases of the tile at slot `start`: (s_lo, b_lo, s_hi, b_hi), each
+    """int4-c64 / int3-c64 scales/biases of the tile at slot `start`: (s_lo, b_lo, s_hi, b_hi), each
     `[NB, D/2]` in the stored dtype, NB = max(BLOCK_N / 64, 1) blocks.
 
     Per (batch, head) the metadata is `[slots / 64, D]` row-major, so block j's vector is
@@ -132,15 +134,17 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
 
     p_codes/p_scales/p_biases point at the head's slot 0; s_ct / s_mt are the slot
     strides of codes and of scales/biases (elements); s_lo..b_hi come from `load_meta`.
-    With DTYPE fp16 the codes convert and scale in fp16; bf16 int4 codes in bf16 (exact,
+    With DTYPE fp16 the codes convert and scale in fp16; bf16 int4 / int3 codes in bf16 (exact,
     one rounding per FMA: prefill 244 -> 296 TFLOP/s on an H200); else in float32.
     Masked slots (`m_t` False) read 0. Returns lo, hi `[BLOCK_N, HALF]` in DTYPE.
     """
     DH: tl.constexpr = HEAD_DIM // 2
     # fp16 models dequantize in fp16 (an fma rounds once, as f32-then-round does); bf16
-    # models int4 codes in bf16 too (0..15 are exact, the fma rounds once); else float32
+    # models int4 / int3 codes in bf16 too (0..15 are exact, the fma rounds once); else
+    # float32
     MATH: tl.constexpr = (tl.float16 if DTYPE == tl.float16 else
-                          tl.bfloat16 if DTYPE == tl.bfloat16 and (FMT == 2 or FMT == 4)
+                          tl.bfloat16 if DTYPE == tl.bfloat16 and (
+                              FMT == 2 or FMT == 4 or FMT == 5 or FMT == 6)
                           else tl.float32)
     o_d = tl.arange(0, HALF)
     m = m_t[:, None] & (o_d < DH)[None, :]
@@ -149,6 +153,10 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
         byte = tl.load(p_row + o_d[None, :], mask=m, other=0)  # [BLOCK_N, HALF] uint8
         c_lo = _codes_to(byte & 0xF, MATH)
         c_hi = _codes_to(byte >> 4, MATH)
+    elif FMT == 5 or FMT == 6:
+        i_lo, i_hi = _int3_codes(p_row, o_d, m_t, m, HEAD_DIM, HALF)
+        c_lo = _codes_to(i_lo, MATH)
+        c_hi = _codes_to(i_hi, MATH)
     else:
         r_lo = tl.load(p_row + o_d[None, :], mask=m, other=0)
         r_hi = tl.load(p_row + (o_d + DH)[None, :], mask=m, other=0)
@@ -168,7 +176,7 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
     elif FMT == 3:
         lo = c_lo * s_lo.to(MATH)[:, None]
         hi = c_hi * s_lo.to(MATH)[:, None]
-    elif FMT == 4:  # s_lo..b_hi are load_block_meta's per-block vectors
+    elif FMT == 4 or FMT == 5:  # s_lo..b_hi are load_block_meta's per-block vectors
         lo = c_lo * expand_blocks(s_lo, BLOCK_N, DH, MATH) + expand_blocks(b_lo, BLOCK_N, DH, MATH)
         hi = c_hi * expand_blocks(s_hi, BLOCK_N, DH, MATH) + expand_blocks(b_hi, BLOCK_N, DH, MATH)
     elif HALF == DH:
@@ -188,7 +196,7 @@ def _codes_to(c, DT: tl.constexpr):
     if DT == tl.float16:
         # 0x6400 is 1024.0: OR-ing a code into its mantissa gives 1024 + c exactly
         x = (c.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-    elif DT == tl.bfloat16:  # int4 codes only: 0x4300 is 128.0, 128 + c exact for c < 128
+    elif DT == tl.bfloat16:  # int4 / int3 codes: 0x4300 is 128.0, 128 + c exact for c < 128
         x = (c.to(tl.uint16) | 0x4300).to(tl.bfloat16, bitcast=True) - 128.0
     else:
         x = _codes_to_f32(c).to(DT)
@@ -198,7 +206,7 @@ def _codes_to(c, DT: tl.constexpr):
 @triton.jit
 def code_offset(FMT: tl.constexpr, DTYPE: tl.constexpr):
     """The constant `load_codes` adds to every code (1024 on the fp16 fast path)."""
-    if (FMT == 1 or FMT == 2 or FMT == 4) and DTYPE == tl.float16:
+    if (FMT == 1 or FMT == 2 or FMT == 4 or FMT == 5 or FMT == 6) and DTYPE == tl.float16:
         off = 1024.0
     else:
         off = 0.0
@@ -222,6 +230,8 @@ def load_codes(p_codes, o_t, m_t, s_ct, HEAD_DIM: tl.constexpr, HALF: tl.constex
         byte = tl.load(p_row + o_d[None, :], mask=m, other=0)
         c_lo = byte & 0xF
         c_hi = byte >> 4
+    elif FMT == 5 or FMT == 6:
+        c_lo, c_hi = _int3_codes(p_row, o_d, m_t, m, HEAD_DIM, HALF)
     else:
         c_lo = tl.load(p_row + o_d[None, :], mask=m, other=0)
         c_hi = tl.load(p_row + (o_d + DH)[None, :], mask=m, other=0)
@@ -234,4 +244,64 @@ def load_codes(p_codes, o_t, m_t, s_ct, HEAD_DIM: tl.constexpr, HALF: tl.constex
     else:
         lo = _codes_to_f32(c_lo).to(DTYPE)
         hi = _codes_to_f32(c_hi).to(DTYPE)
+    return lo, hi
+
+
+@triton.jit
+def _int3_codes(p_row, o_d, m_t, m, HEAD_DIM: tl.constexpr, HALF: tl.constexpr):
+    """3-bit codes of a tile's two half rows: lo, hi `[BLOCK_N, HALF]` int32 in [0, 8)
+    (0 for masked slots). p_row `[BLOCK_N, 1]` points at each slot's packed row, o_d
+    `[HALF]` are the half row's dims, m_t `[BLOCK_N]` the valid slots, m
+    `[BLOCK_N, HALF]` the valid (slot, dim) pairs.
+
+    kvtax.formats.packing's planes: dim d's low 2 bits sit in byte d % (D/4) at bit
+    2 * (d // (D/4)), its high bit in byte D/4 + d % (D/8) at bit d // (D/8). Dims j and
+    j + D/2 share both bytes (D/2 is 2 * D/4 and 4 * D/8), so one read of each plane
+    serves both halves: hi takes the same bytes 4 bits higher.
+    """
+    if HALF == HEAD_DIM // 2:
+        lo, hi = _int3_runs(p_row, m_t, HEAD_DIM)
+    else:
+        lo, hi = _int3_gather(p_row, o_d, m, HEAD_DIM)
+    return lo, hi
+
+
+@triton.jit
+def _int3_runs(p_row, m_t, HEAD_DIM: tl.constexpr):
+    """`_int3_codes` for D a power of two. Dim k * D/8 + e of the lo half (k < 4, e < D/8)
+    has its low bits in byte (k % 2) * D/8 + e at bit 2 * (k // 2) and its high bit in byte
+    D/4 + e at bit k, so the half row read as `[BLOCK_N, 4, D/8]` is contiguous D/8-byte
+    runs (cp.async-able; each low-plane byte is read twice) and one reshape per half puts
+    every dim in place. Per-dim gathers of both planes (`_int3_gather`) compiled to more
+    spills for sm_90 (Triton 3.9, benchmarks/compile_check.py: 1520 against 216 bytes of
+    stack in a D 128 prefill at 64 x 128 tiles, 24 against 0 in its decode)."""
+    BLOCK_N: tl.constexpr = m_t.shape[0]
+    Q: tl.constexpr = HEAD_DIM // 4
+    E: tl.constexpr = HEAD_DIM // 8
+    k = tl.arange(0, 4)[None, :, None]  # [1, 4, 1]
+    e = tl.arange(0, E)[None, None, :]  # [1, 1, E]
+    p3 = p_row[:, :, None]  # [BLOCK_N, 1, 1]
+    m3 = m_t[:, None, None]
+    low = tl.load(p3 + (k % 2) * E + e, mask=m3, other=0).to(tl.int32)  # [BLOCK_N, 4, E]
+    high = tl.load(p3 + Q + e, mask=m3, other=0).to(tl.int32)           # [BLOCK_N, 1, E]
+    s_low = 2 * (k // 2)  # bits 0, 0, 2, 2; the hi half's 4, 4, 6, 6
+    lo = ((low >> s_low) & 3) | (((high >> k) & 1) << 2)
+    hi = ((low >> (s_low + 4)) & 3) | (((high >> (k + 4)) & 1) << 2)
+    return tl.reshape(lo, (BLOCK_N, 2 * Q)), tl.reshape(hi, (BLOCK_N, 2 * Q))
+
+
+@triton.jit
+def _int3_gather(p_row, o_d, m, HEAD_DIM: tl.constexpr):
+    """`_int3_codes` for D = 80, 96 (half rows padded to HALF lanes): each plane gathered
+    per dim (every byte read by 2 or 4 lanes; L1 absorbs the repeats)."""
+    DH: tl.constexpr = HEAD_DIM // 2
+    Q: tl.constexpr = HEAD_DIM // 4
+    E: tl.constexpr = HEAD_DIM // 8
+    od = tl.where(o_d < DH, o_d, 0)  # padding dims (masked): shifts in range
+    low = tl.load(p_row + (od % Q)[None, :], mask=m, other=0).to(tl.int32)
+    high = tl.load(p_row + (Q + od % E)[None, :], mask=m, other=0).to(tl.int32)
+    s_low = (2 * (od // Q))[None, :]  # 0 or 2; the hi half's 4 or 6
+    s_high = (od // E)[None, :]       # 0..3; the hi half's 4..7
+    lo = ((low >> s_low) & 3) | (((high >> s_high) & 1) << 2)
+    hi = ((low >> (s_low + 4)) & 3) | (((high >> (s_high + 4)) & 1) << 2)
     return lo, hi
