@@ -176,6 +176,42 @@ def hybrid_cases(full: bool):
             lambda: launch.launch_parts_decode(parts, torch.empty_like(q)))
 
 
+def staged_cases():
+    """The staged prefill (kvtax.attention.staged): the stage kernel per format and dtype,
+    then whole staged calls (fp16 chunks with max_key and the prior, the fused edge) on a
+    plain int4 cache and q4's body, the scratch shrunk to 128-slot chunks."""
+    from kvtax.attention import staged
+    from kvtax.attention.launch import launch_stage
+    from kvtax.cache import FullCache
+    from kvtax.cache.hybrid import HybridCache
+
+    staged.STAGE_BYTES = 1
+    for spec, d in (("int8", 128), ("int4", 128), ("fp8", 64), ("k4-c64v4", 128),
+                    ("k3-c64v3-g32", 128), ("int4-g16", 80)):
+        for dtype in (torch.float16, torch.bfloat16):
+            cache = FullCache(spec)
+            cache.append(torch.randn(1, 2, 320, d, dtype=dtype),
+                         torch.randn(1, 2, 320, d, dtype=dtype))
+            v = cache.view()
+            out = torch.empty(1, 2, 256, d, dtype=dtype)
+            yield f"stage {spec} D{d} {dtype}", lambda v=v, out=out: (
+                launch_stage(v.k, v.spec.key, 0, 256, out),
+                launch_stage(v.v, v.spec.value, 0, 256, out))
+    q = torch.randn(1, 8, 64, 128, dtype=torch.float16)
+    cache = FullCache("int4")
+    cache.append(torch.randn(1, 2, 320, 128, dtype=torch.float16),
+                 torch.randn(1, 2, 320, 128, dtype=torch.float16))
+    yield "staged int4 D128 G4 L64", lambda v=cache.view(): staged.staged_launch(
+        q, v, out=torch.empty_like(q))
+    hyb = HybridCache("q4", max_chunk=320)
+    hyb.append(torch.randn(1, 2, 320, 128, dtype=torch.float16),
+               torch.randn(1, 2, 320, 128, dtype=torch.float16))
+    body = hyb.view().parts[-1] if hyb.view().parts[-1].view.spec.is_quantized else hyb.view().parts[0]
+    o32, lse = torch.empty(q.shape), torch.empty(q.shape[:3])
+    yield "staged q4 body D128 G4 L64", lambda: staged.staged_launch(
+        q, body.view, out=o32, lse=lse, min_distance=body.min_distance, min_key=body.min_key)
+
+
 def int3_cases(full: bool):
     """3-bit codes on the tile kernels (format codes 5 and 6): q3's body (int3-c64 keys,
     int3-g32 values) at D 64 / 128 / 256 in each query dtype, int3 values or keys beside
@@ -362,7 +398,8 @@ def _resources(kernel) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, default=90)
-    p.add_argument("--only", choices=["attention", "int3", "swap", "sweep", "store", "gemv"],
+    p.add_argument("--only", choices=["attention", "int3", "staged", "swap", "sweep", "store",
+                                      "gemv"],
                    default=None)
     p.add_argument("--full", action="store_true", help="also the prefill path")
     p.add_argument("-v", action="store_true", help="print tracebacks")
@@ -387,6 +424,8 @@ def main() -> int:
         cases += list(c64_swap_cases())
     if args.only in (None, "attention", "int3"):
         cases += list(int3_cases(args.full))
+    if args.only in (None, "attention", "staged"):
+        cases += list(staged_cases())
     if args.only == "swap":
         cases += list(swap_cases())
         cases += list(c64_swap_cases())

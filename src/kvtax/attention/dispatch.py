@@ -43,6 +43,8 @@ def attention(
            (`hybrid_decode`: a split kernel per part, one reduce), prefills by chaining its
            parts' prefill kernels (`hybrid_prefill`), and otherwise (CPU, shapes the
            kernels cannot take) is the LSE merge of `part_attention` over its parts.
+           A long prefill chunk over a quantized full cache runs staged
+           (`staged_attention`: fp16 attention over bounded dequantized chunks).
     Returns `[B, H_q, L, D]` in q.dtype. Causal masking is bottom-right aligned; the
     view's window and sinks apply. `impl="triton"` raises where the kernels can't run.
     kv_start: optional int `[B]`, each row's first valid key position (left padding).
@@ -66,6 +68,8 @@ def attention(
     if impl == "reference":
         return attention_blockwise(q, view, **ref)
     reason = kernel_unavailable(q, view, causal, kv_start)
+    if reason is None and _staged(q, view, kv_start):
+        return staged_attention(q, view, scale=scale, softcap=softcap)
     if reason is None:
         from kvtax.attention.triton_api import triton_attention
 
@@ -79,6 +83,31 @@ def attention(
         raise RuntimeError(f"Triton attention cannot run this call: {reason}")
     warn_reference_once(q, reason, "attention", stacklevel=3)
     return attention_blockwise(q, view, **ref)
+
+
+def _staged(q: torch.Tensor, view: CacheView, kv_start: torch.Tensor | None) -> bool:
+    """True when this fused-kernel call is a prefill that `staged.staged_launch` serves
+    (not while torch.compile traces: there the custom op, one fused launch, stays)."""
+    from kvtax.attention.launch_table import decode_rows
+    from kvtax.attention.staged import staged_reason
+
+    if torch.compiler.is_compiling() or decode_rows(q, view):
+        return False
+    return staged_reason(q, view, kv_start) is None
+
+
+@torch.compiler.disable  # launched Triton kernels and host loops: no tracing (hybrid_decode)
+def staged_attention(
+    q: torch.Tensor, view: CacheView, *, scale: float | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """`attention(q, view)` of a long prefill chunk over a quantized full cache, staged
+    (kvtax.attention.staged): `[B, H_q, L, D]` in q.dtype."""
+    from kvtax.attention.staged import staged_launch
+
+    qs = rotate_query(q, view)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return unrotate_output(staged_launch(qs, view, out=out, scale=scale, softcap=softcap), view)
 
 
 def hybrid_decode_reason(q: torch.Tensor, view: HybridView) -> str | None:
@@ -158,8 +187,11 @@ def hybrid_prefill(
     ms a 2048-row chunk of q4 on an H200). The part with the fewest slots goes last: the
     epilogue's registers cost the quantized body's prefill kernel, at its 255-register
     limit, ~10% at 128k (H200, 2026-12-03), and a ring read through a window (q4's fp16
-    part) costs next to nothing. `hybrid_prefill_reason` must be None."""
+    part) costs next to nothing. A part `staged.staged_reason` accepts (the quantized body,
+    long chunks) runs staged: fp16 attention over its dequantized chunks, chained the
+    same way. `hybrid_prefill_reason` must be None."""
     from kvtax.attention.launch import launch_attention, workspace
+    from kvtax.attention.staged import staged_launch, staged_reason
 
     for p in view.parts:
         refuse_centered_softcap(p.view, softcap)
@@ -170,12 +202,13 @@ def hybrid_prefill(
         qp = q_rot if p.view.spec.rotate_keys else q
         kw = dict(scale=scale, softcap=softcap, min_distance=p.min_distance,
                   min_key=p.min_key, prior=prior)
+        run = staged_launch if staged_reason(qp, p.view) is None else launch_attention
         if i == len(chain) - 1:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            return launch_attention(qp, p.view, out=out, **kw)
+            return run(qp, p.view, out=out, **kw)
         o, lse = (workspace(tuple(q.shape), q.device), workspace(tuple(q.shape[:3]), q.device)
                   ) if prior is None else prior  # a middle part updates the pair in place
-        launch_attention(qp, p.view, out=o, lse=lse, **kw)
+        run(qp, p.view, out=o, lse=lse, **kw)
         prior = (o, lse)
     raise ValueError("a hybrid view has at least one part")
 

@@ -22,6 +22,7 @@ from kvtax.attention.kernels.decode_swap import decode_swap_kernel
 from kvtax.attention.kernels.decode_warp import decode_warp_kernel
 from kvtax.attention.kernels.prefill import prefill_attn_fwd_kernel
 from kvtax.attention.kernels.reduce import decode_attn_reduce_kernel
+from kvtax.attention.kernels.stage import stage_slots_kernel
 from kvtax.attention.launch_table import LaunchConfig, launch_config, max_slots
 from kvtax.attention.support import (
     format_code, gluon_swap_kernel, gluon_swap_reason, half_width, interpreting,
@@ -43,7 +44,7 @@ def launch_attention(
     kv_start: torch.Tensor | None = None, out: torch.Tensor | None = None,
     config: LaunchConfig | None = None, lse: torch.Tensor | None = None,
     min_distance: int = 0, min_key: int = 0,
-    prior: tuple[torch.Tensor, torch.Tensor] | None = None,
+    prior: tuple[torch.Tensor, torch.Tensor] | None = None, max_key: int | None = None,
 ) -> torch.Tensor:
     """`triton_attention`'s launches. Besides its arguments (`out` may also be float32):
     lse: optional contiguous float32 `[B, H_q, L]`, filled with each row's log-sum-exp;
@@ -52,7 +53,10 @@ def launch_attention(
     prior: `(out_p [B, H_q, L, D], lse_p [B, H_q, L])` contiguous float32, an earlier
     disjoint part's attention (`triton_attention_lse`'s pair) merged into this call's
     result (`merge_lse`'s sum, in the prefill kernel's epilogue; out and lse may be the
-    same tensors). Prefill calls only (ShapeError on the decode path)."""
+    same tensors). Prefill calls only (ShapeError on the decode path).
+    max_key: hide keys at positions >= max_key, which must be a multiple of the launch's
+    BLOCK_N (slots past it are never read, so the storage may end there); full caches
+    (no ring, window or kv_start), prefill calls only (a staged prefill's chunk)."""
     n_q, group, lengths, kv_start, out = _checked_call(q, view, lengths, kv_start, out, lse,
                                                        min_distance, min_key)
     _check_prior(prior, q)
@@ -64,14 +68,20 @@ def launch_attention(
     args = _Args(q, view, cfg, lengths, kv_start, lse, out, min_distance, min_key,
                  qk_scale, cap_log2, bool(softcap))
     if cfg.path == "prefill":
+        _check_max_key(max_key, view, kv_start, cfg)
+        if max_key is not None:
+            args.common["HAS_MIN_DIST"] = True
         grid = (triton.cdiv(group * n_q, cfg.block_m), q.shape[0] * view.num_kv_heads)
         pri = (dict(Prior=prior[0], PriorLse=prior[1], HAS_PRIOR=True) if prior is not None
                else dict(Prior=out, PriorLse=args.lse["Lse"]))
         prefill_attn_fwd_kernel[grid](
             q, out, *args.cache, *args.scalars, *q.stride(), *out.stride()[:3], *args.strides,
             **args.masks, **args.lse, **pri, **args.common,
+            max_key=2**31 - 1 if max_key is None else max_key,
         )
         return out
+    if max_key is not None:
+        raise ShapeError(f"max_key: {n_q} query rows take the decode path (prefill only)")
     if prior is not None:
         raise ShapeError(f"prior: {n_q} query rows take the decode path, which merges parts "
                          "in its reduce (launch_parts_decode)")
@@ -197,6 +207,19 @@ def _check_prior(prior, q: torch.Tensor) -> None:  # noqa: ANN001
                 or t.device != q.device):
             raise ShapeError(f"prior tensors must be contiguous float32 {shape} on {q.device}, "
                              f"got {t.dtype} {tuple(t.shape)}")
+
+
+def _check_max_key(max_key: int | None, view: CacheView, kv_start, cfg: LaunchConfig  # noqa: ANN001
+                   ) -> None:
+    """ShapeError unless max_key is None or a positive multiple of the launch's BLOCK_N
+    on a full cache without padding (the only layout the prefill kernel caps)."""
+    if max_key is None:
+        return
+    if view.ring or view.window is not None or kv_start is not None:
+        raise ShapeError("max_key applies to full caches without a window, ring or kv_start")
+    if not 0 < max_key < 2**31 or max_key % cfg.block_n:
+        raise ShapeError(f"max_key {max_key} must be a positive multiple of the launch's "
+                         f"{cfg.block_n}-slot tiles")
 
 
 def _score_scales(view: CacheView, scale: float | None, softcap: float | None):  # noqa: ANN202
@@ -456,6 +479,29 @@ def _ieee_dots(dtype: torch.dtype) -> bool:
     """float32 dots for fp32 models, and for bf16 under the interpreter, whose bf16
     tl.dot is broken (Triton 3.9 returns garbage); compiled bf16 keeps bf16 dots."""
     return dtype == torch.float32 or (dtype == torch.bfloat16 and interpreting())
+
+
+STAGE_TILE = 64  # slots per stage_slots_kernel program (inside one int4-c64 block)
+
+
+def launch_stage(qt, fmt: KVFormat, start: int, n: int, out: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """Dequantize slots `[start, start + n)` of QTensor `qt` (storage `[B, H_kv, slots,
+    width]` in `fmt`) into rows `[0, n)` of `out` `[B, H_kv, n_pad, D]` (fp16 / bf16 /
+    float32, last stride 1, n_pad a multiple of STAGE_TILE >= n; rows past n get finite
+    filler). The kernels' own dequantization (kernels/stage.py). Returns out."""
+    code = format_code(fmt)
+    b, h, n_pad, d = out.shape
+    if code is None or n_pad % STAGE_TILE or n_pad < n or out.stride(-1) != 1:
+        raise ShapeError(f"cannot stage {n} slots of {fmt.name} into {tuple(out.shape)}")
+    if code[0] in (4, 5) and start % 64:
+        raise ShapeError(f"{fmt.name} stages from a 64-slot block boundary, not {start}")
+    kc, ks, kb = storage_parts(qt)
+    stage_slots_kernel[(n_pad // STAGE_TILE, b * h)](
+        kc, ks, kb, out, start, n, h, *kc.stride()[:3], *ks.stride()[:3], *out.stride()[:3],
+        HEAD_DIM=d, HALF=half_width(d), BLOCK_N=STAGE_TILE, FMT=code[0], GS=max(code[1], 1),
+        num_warps=4,
+    )
+    return out
 
 
 def storage_parts(qt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # noqa: ANN001

@@ -10,7 +10,9 @@ and ring caches run masked. Extra memory: none beyond the output.
 
 Optional (constexpr, off by default): HAS_LSE also stores each row's log-sum-exp of
 scores to `Lse` `[B, H_q, L]` float32; HAS_MIN_DIST hides keys closer than `min_dist` to
-the query or before `min_key` (one part of a hybrid cache, see kvtax.attention.lse);
+the query or before `min_key` (one part of a hybrid cache, see kvtax.attention.lse), and
+on a full cache (no ring, window or padding) reads no slot at or past `max_key`, a
+multiple of BLOCK_N (one chunk of a staged prefill, kvtax.attention.staged);
 HAS_PRIOR merges the row with an earlier part's `(Prior [B, H_q, L, D] float32,
 PriorLse [B, H_q, L])` before storing (`merge_lse`'s sum, done in the epilogue), so a
 hybrid cache's parts chain into one output without a torch merge. A ring read through
@@ -32,7 +34,7 @@ def prefill_attn_fwd_kernel(
     s_qb, s_qh, s_ql, s_qd, s_ob, s_oh, s_ol,
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
-    Lse, min_dist, min_key, Prior, PriorLse,
+    Lse, min_dist, min_key, max_key, Prior, PriorLse,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr, V_GS: tl.constexpr,
@@ -87,12 +89,14 @@ def prefill_attn_fwd_kernel(
                                      window, BLOCK_N)
     if HAS_MIN_DIST:
         if not (IS_RING or HAS_WINDOW or HAS_KV_START):
-            # keys [min_key, q - min_dist]: masked head tile(s), whole middle, masked tail
+            # keys [min_key, q - min_dist] below max_key (a multiple of BLOCK_N): masked
+            # head tile(s), whole middle, masked tail
             lo = (min_key // BLOCK_N) * BLOCK_N
             full_lo = tl.cdiv(min_key, BLOCK_N) * BLOCK_N
             full_end = tl.maximum(q_first + 1 - min_dist, 0) // BLOCK_N * BLOCK_N
-            full_end = tl.maximum(full_end, full_lo)
-            hi = tl.minimum(tl.maximum(q_last + 1 - min_dist, 0), num_slots)
+            full_end = tl.minimum(tl.maximum(full_end, full_lo), max_key)
+            hi = tl.minimum(tl.minimum(tl.maximum(q_last + 1 - min_dist, 0), num_slots),
+                            max_key)
     # scales/biases of the first tile; each step fetches the next tile's
     ks_lo, kb_lo, ks_hi, kb_hi, vs_lo, vb_lo, vs_hi, vb_hi = tile_meta(
         p_ks, p_kb, p_vs, p_vb, lo, num_slots, s_km_t, s_vm_t,
