@@ -97,6 +97,14 @@ def test_unfit_format_fails_at_construction() -> None:
     assert KVTaxCache(tiny_config("llama", head_dim=48), kv="int8-g16").specs[0].name == "int8-g16"
 
 
+@pytest.mark.parametrize("where", ["kv", "sliding_kv", "overrides"])
+def test_hybrid_formats_refused_with_what_to_use(where: str) -> None:
+    spec = {"kv": dict(kv="q4"), "sliding_kv": dict(sliding_kv="int4+hk@s4r32"),
+            "overrides": dict(overrides={0: "q3"})}[where]
+    with pytest.raises(FormatError, match="KVTaxCache does not take hybrid.*kvtax generate"):
+        KVTaxCache(tiny_config("llama"), **spec)
+
+
 def test_chunked_forward_equals_one_shot() -> None:
     """Prefill by hand in uneven chunks (3, 9, 1, 6) equals one 19-token forward."""
     model = _model("gemma3", seed=5)

@@ -20,7 +20,9 @@ from transformers import PretrainedConfig
 from transformers.cache_utils import Cache
 
 from kvtax.cache import make_caches
+from kvtax.errors import FormatError
 from kvtax.formats import KVSpec, default_kv, fit_head_dim
+from kvtax.formats.hybrid import HybridSpec, parse_kv
 from kvtax.hf.layers import KVTaxLayer
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -63,6 +65,19 @@ def layer_windows(config: PretrainedConfig) -> list[int | None]:
             f"{', '.join(SUPPORTED_LAYER_TYPES)}); use transformers' DynamicCache for this model"
         )
     return [cfg.sliding_window if t == "sliding_attention" else None for t in types]
+
+
+def _refuse_hybrid(kv, sliding_kv, overrides) -> None:  # noqa: ANN001
+    """FormatError naming what to use where a format keeps fp16 sinks / recent tokens
+    around a quantized body (`q4`, `q3`, `<spec>@s<S>r<R>`): its two-part layers are not
+    transformers cache layers yet."""
+    for spec in (kv, sliding_kv, *(overrides or {}).values()):
+        if spec is not None and isinstance(parse_kv(spec), HybridSpec):
+            raise FormatError(
+                f"KVTaxCache does not take hybrid formats yet ({spec!r} keeps fp16 sink and "
+                "recent tokens beside its quantized body): run it through kvtax's Runner "
+                "(`kvtax generate --kv q4`), or give KVTaxCache a plain format (int8+hk+ck, "
+                "k8v4, int4+hk)")
 
 
 class KVTaxCache(Cache):
@@ -109,6 +124,7 @@ class KVTaxCache(Cache):
         cfg = text_config(config)
         if kv is None:  # the default, without +ck where attention logits are soft-capped
             kv = default_kv(getattr(cfg, "attn_logit_softcapping", None))
+        _refuse_hybrid(kv, sliding_kv, overrides)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         # names without a group size take one dividing head_dim (Phi-3's 96: int8-g32+hk+ck)
         kv = fit_head_dim(kv, head_dim)
