@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from kvtax.attention import attention_blockwise
 from kvtax.attention.reference import attention_naive
 from kvtax.cache import FullCache
-from kvtax.errors import FormatError
+from kvtax.errors import FormatError, ShapeError
 from kvtax.formats import KVSpec
 from kvtax.hf import KVTaxCache, installed, layer_windows
 from kvtax.hf.attention import kvtax_mask
@@ -97,12 +97,57 @@ def test_unfit_format_fails_at_construction() -> None:
     assert KVTaxCache(tiny_config("llama", head_dim=48), kv="int8-g16").specs[0].name == "int8-g16"
 
 
-@pytest.mark.parametrize("where", ["kv", "sliding_kv", "overrides"])
-def test_hybrid_formats_refused_with_what_to_use(where: str) -> None:
-    spec = {"kv": dict(kv="q4"), "sliding_kv": dict(sliding_kv="int4+hk@s4r32"),
-            "overrides": dict(overrides={0: "q3"})}[where]
-    with pytest.raises(FormatError, match="KVTaxCache does not take hybrid.*kvtax generate"):
-        KVTaxCache(tiny_config("llama"), **spec)
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_hybrid_short_context_reads_fp16(family: str) -> None:
+    """q4 keeps 4 sink and 128 recent tokens in fp16 (a sliding layer all of its window):
+    under that many tokens its logits are fp16 KV's."""
+    model = _model(family, seed=2)
+    ids = torch.randint(1, 97, (1, 40))
+    cache = KVTaxCache(model.config, kv="q4")
+    assert not any(layer.is_compileable for layer in cache.layers)
+    assert_close(_run(model, cache, ids), _run(model, KVTaxCache(model.config, kv="fp16"), ids),
+                 atol=1e-4, rel_rms=1e-5, what=family)
+    specs = {s.name for s in cache.specs}
+    assert specs == ({"k4-c64v4@s4r128"} if family == "llama"
+                     else {"k4-c64v4@s4r128", "int4+hk@s4r32"}), specs
+
+
+def test_hybrid_chunked_prefill_and_decode_equal_one_shot() -> None:
+    """Past the fp16 tokens (300 > 4 + 128) q4 reads its int4 body: a prefill in uneven
+    chunks and then one-token steps give one 300-token forward's logits."""
+    model = _model("llama", seed=3)
+    ids = torch.randint(1, 97, (1, 300))
+    whole = _run(model, KVTaxCache(model.config, kv="q4"), ids)
+    cache = KVTaxCache(model.config, kv="q4")
+    parts, s = [], 0
+    for n in (130, 64, 101, 1, 1, 1, 1, 1):
+        parts.append(_run(model, cache, ids[:, s : s + n]))
+        s += n
+    assert_close(torch.cat(parts, 1), whole, atol=1e-4, rel_rms=1e-5, what="q4 chunked")
+    fp16 = KVTaxCache(model.config, kv="fp16")
+    _run(model, fp16, ids)
+    # what HybridCache counts: 132 fp16 tokens and a float32 model's int4 body, under fp16's
+    assert cache.used_nbytes == sum(layer.cache.used_nbytes for layer in cache.layers)
+    assert cache.used_nbytes < 0.8 * fp16.used_nbytes
+    cache.crop(250)
+    assert cache.get_seq_length() == 250
+
+
+def test_hybrid_generate_and_refusals() -> None:
+    model = _model("gemma3", seed=4)
+    ids = torch.randint(1, 97, (1, 150))
+    with installed(model), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        cache = KVTaxCache(model.config, kv="q3")
+        out = model.generate(ids, max_new_tokens=6, do_sample=False,
+                             **{cache_kwarg(model): cache})
+        assert out.shape == (1, 156) and cache.get_seq_length() == 155
+        padded = KVTaxCache(model.config, kv="q4")
+        mask = torch.ones(2, 20, dtype=torch.long)
+        mask[0, :3] = 0
+        with pytest.raises(ShapeError, match="left-padded"):
+            model(torch.randint(1, 97, (2, 20)), attention_mask=mask,
+                  **{cache_kwarg(model): padded})
 
 
 def test_chunked_forward_equals_one_shot() -> None:

@@ -13,6 +13,7 @@ once and never changes shape, so transformers' static / `torch.compile` path can
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping
 
@@ -20,7 +21,6 @@ from transformers import PretrainedConfig
 from transformers.cache_utils import Cache
 
 from kvtax.cache import make_caches
-from kvtax.errors import FormatError
 from kvtax.formats import KVSpec, default_kv, fit_head_dim
 from kvtax.formats.hybrid import HybridSpec, parse_kv
 from kvtax.hf.layers import KVTaxLayer
@@ -67,24 +67,25 @@ def layer_windows(config: PretrainedConfig) -> list[int | None]:
     return [cfg.sliding_window if t == "sliding_attention" else None for t in types]
 
 
-def _refuse_hybrid(kv, sliding_kv, overrides) -> None:  # noqa: ANN001
-    """FormatError naming what to use where a format keeps fp16 sinks / recent tokens
-    around a quantized body (`q4`, `q3`, `<spec>@s<S>r<R>`): its two-part layers are not
-    transformers cache layers yet."""
-    for spec in (kv, sliding_kv, *(overrides or {}).values()):
-        if spec is not None and isinstance(parse_kv(spec), HybridSpec):
-            raise FormatError(
-                f"KVTaxCache does not take hybrid formats yet ({spec!r} keeps fp16 sink and "
-                "recent tokens beside its quantized body): run it through kvtax's Runner "
-                "(`kvtax generate --kv q4`), or give KVTaxCache a plain format (int8+hk+ck, "
-                "k8v4, int4+hk)")
+def fit_layer_spec(spec: "str | KVSpec | HybridSpec", head_dim: int) -> "KVSpec | HybridSpec":
+    """`fit_head_dim` for any layer format: a hybrid one (`q4`, `<spec>@s<S>r<R>`) fits its
+    quantized body's group size and keeps its fp16 sinks / recent tokens."""
+    parsed = parse_kv(spec)
+    if isinstance(parsed, HybridSpec):
+        # a body named without a group size ("int4+hk@...") takes one dividing head_dim
+        body = spec.partition("@")[0] if isinstance(spec, str) and "@" in spec else parsed.base
+        return dataclasses.replace(parsed, base=fit_head_dim(body, head_dim))
+    return fit_head_dim(spec, head_dim)
 
 
 class KVTaxCache(Cache):
     """A transformers `Cache` of kvtax layers: quantized K/V, read in place by the kvtax attention.
 
     config:        the model config (`model.config`); decides layer count and kinds.
-    kv:            format of full-attention layers, e.g. "int8", "int4", "k8v4", "fp16";
+    kv:            format of full-attention layers, e.g. "int8", "int4", "k8v4", "fp16",
+                   or a hybrid one ("q4", "q3", "int4+hk@s4r128": fp16 sink and recent
+                   tokens beside a quantized body; eager only: no compiled / CUDA-graph
+                   decode, no left-padded batches yet);
                    None: `kvtax.formats.default_kv` (int8+hk+ck; int8+hk for a model that
                    soft-caps attention logits). A name without `-g<N>` takes a group
                    size dividing head_dim (`fit_head_dim`; `cache.specs` says which).
@@ -124,12 +125,11 @@ class KVTaxCache(Cache):
         cfg = text_config(config)
         if kv is None:  # the default, without +ck where attention logits are soft-capped
             kv = default_kv(getattr(cfg, "attn_logit_softcapping", None))
-        _refuse_hybrid(kv, sliding_kv, overrides)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         # names without a group size take one dividing head_dim (Phi-3's 96: int8-g32+hk+ck)
-        kv = fit_head_dim(kv, head_dim)
-        sliding_kv = fit_head_dim(sliding_kv, head_dim) if sliding_kv else None
-        overrides = {i: fit_head_dim(s, head_dim) for i, s in (overrides or {}).items()}
+        kv = fit_layer_spec(kv, head_dim)
+        sliding_kv = fit_layer_spec(sliding_kv, head_dim) if sliding_kv else None
+        overrides = {i: fit_layer_spec(s, head_dim) for i, s in (overrides or {}).items()}
         for spec in {kv, sliding_kv or kv, *overrides.values()}:
             spec.check(head_dim)  # fail here, not at the first forward
         caches = make_caches(
@@ -152,7 +152,7 @@ class KVTaxCache(Cache):
             for cache, window in zip(caches, windows, strict=True)
         ]
         super().__init__(layers=layers)
-        self.kv = KVSpec.parse(kv)
+        self.kv = kv
         self.windows = windows
         self.capacity = max_cache_len
 

@@ -20,6 +20,7 @@ from transformers.cache_utils import CacheLayerMixin
 
 from kvtax.attention import attention
 from kvtax.cache import BaseCache, SlidingCache
+from kvtax.cache.hybrid import HybridCache
 from kvtax.errors import ShapeError
 from kvtax.hf.positions import DevicePositions
 
@@ -51,7 +52,8 @@ class KVHandle:
 
 
 class KVTaxLayer(CacheLayerMixin):
-    """A transformers cache layer whose K/V live in a kvtax `FullCache` or `SlidingCache`.
+    """A transformers cache layer whose K/V live in a kvtax `FullCache`, `SlidingCache` or
+    `HybridCache` (fp16 sinks / recent tokens beside a quantized body: eager only).
 
     cache:         the kvtax cache (its spec decides the format of this layer).
     chunk:         attend a multi-token update in chunks of this many queries (sliding
@@ -84,9 +86,13 @@ class KVTaxLayer(CacheLayerMixin):
         self.chunk = chunk
         self.check_finite = check_finite
         self.max_cache_len = max_cache_len
-        self.is_compileable = max_cache_len is not None
-        self.graph_decode = graph_decode and max_cache_len is not None
-        self.window: int | None = cache.window if isinstance(cache, SlidingCache) else None
+        # A hybrid layer (fp16 sinks / recent beside a quantized body) runs eagerly: its
+        # device-position decode (kvtax.hf.positions) is not written yet.
+        self.hybrid = isinstance(cache, HybridCache)
+        self.is_compileable = max_cache_len is not None and not self.hybrid
+        self.graph_decode = graph_decode and self.is_compileable
+        self.window: int | None = (cache.window if isinstance(cache, (SlidingCache, HybridCache))
+                                   else None)
         self.is_sliding = self.window is not None
         self.positions: DevicePositions | None = None
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -122,7 +128,8 @@ class KVTaxLayer(CacheLayerMixin):
             self._flush()  # an earlier update that no attention consumed
         if self.max_cache_len is None and self.is_initialized and self.seen == 0:
             if key_states.shape[0] != self.batch_size:  # reset, then a new batch size
-                self.cache.store = None
+                for part in self._parts():
+                    part.store = None
                 self.is_initialized = False
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -175,8 +182,8 @@ class KVTaxLayer(CacheLayerMixin):
         if not self.is_sliding:
             return True
         self.seen  # noqa: B018  (brings the host count up to date)
-        c = self.cache
-        return c.ring_tokens <= c.ring  # type: ignore[attr-defined]
+        c = self.cache.body if self.hybrid else self.cache  # a hybrid's fp16 ring trims itself
+        return c is None or c.ring_tokens <= c.ring  # type: ignore[attr-defined,union-attr]
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the newest `-tokens_to_remove` tokens (a positive value is the size to keep)."""
@@ -189,12 +196,15 @@ class KVTaxLayer(CacheLayerMixin):
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: permute the batch rows of the stored codes, scales and biases."""
         self._flush()
-        store = self.cache.store
-        if store is None or self.seen == 0:
+        if self.seen == 0:
             return
-        idx = beam_idx.to(store.device)
-        for part in (*store.k.parts(), *store.v.parts()):
-            part.copy_(part.index_select(0, idx))  # in place: the storage never moves
+        for cache in self._parts():
+            store = cache.store
+            if store is None:
+                continue
+            idx = beam_idx.to(store.device)
+            for part in (*store.k.parts(), *store.v.parts()):
+                part.copy_(part.index_select(0, idx))  # in place: the storage never moves
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._refuse_batch_change("batch_repeat_interleave")
@@ -231,6 +241,10 @@ class KVTaxLayer(CacheLayerMixin):
             )
         k, v = self._pending
         self._pending = None
+        if self.hybrid and kv_start is not None:
+            raise ShapeError(
+                f"{self.cache.spec.name}: hybrid formats take no left-padded batch yet; run "
+                "the prompts one at a time, or use a plain format (int8+hk+ck, int4+hk)")
         n = k.shape[-2]
         if q.shape[-2] != n:
             raise ShapeError(
@@ -276,9 +290,14 @@ class KVTaxLayer(CacheLayerMixin):
         if check == "prefill":
             check = k.shape[-2] > 1
         # A data-dependent check cannot live inside a compiled graph.
-        self.cache.check_finite = bool(check) and not torch.compiler.is_compiling()
+        for part in self._parts():
+            part.check_finite = bool(check) and not torch.compiler.is_compiling()
         self.cache.append(k, v)
         self._host_changed()
+
+    def _parts(self) -> list[BaseCache]:
+        """The kvtax caches holding this layer's storage (a hybrid layer's fp16 ring and body)."""
+        return self.cache.parts if self.hybrid else [self.cache]  # type: ignore[union-attr]
 
     def _host_changed(self) -> None:
         if self.positions is not None:

@@ -65,6 +65,7 @@ def test_compiled_needs_a_compileable_cache():
         assert why and "compileable" in why
     for kv in ("static", "kvtax-int8"):
         assert arm_unavailable(parse_kv(kv), "compiled", "tiny") is None
+    assert "eagerly" in arm_unavailable(parse_kv("kvtax-q4"), "compiled", "tiny")
     with pytest.raises(EngineUnavailable, match="compileable"):
         _engine("dynamic", "compiled")
 
@@ -82,6 +83,18 @@ def test_unquantized_caches_agree_and_quantized_ones_rank():
     assert (lp["dynamic"] - lp["static"]).abs().max().item() < 1e-5
     assert (lp["dynamic"] - lp["kvtax-fp32"]).abs().max().item() < 1e-4
     assert 0 < _kl(lp["dynamic"], lp["kvtax-int8"]) < _kl(lp["dynamic"], lp["kvtax-int4"])
+
+
+def test_hybrid_arm_runs_eagerly():
+    """kvtax-q4 (fp16 sinks and recent tokens beside an int4 body) through the adapter:
+    161 tokens, 29 of them read from the body; closer to DynamicCache than plain int4, and
+    its bytes per token are the body's."""
+    assert parse_kv("kvtax-q4") == KvArm("kvtax", fmt="q4")
+    ids = _engine("dynamic").prompt_ids(161, 5)
+    base = _engine("dynamic").logprobs(ids, 16)
+    q4, int4 = _engine("kvtax-q4"), _engine("kvtax-int4")
+    assert 0 < _kl(base, q4.logprobs(ids, 16)) < _kl(base, int4.logprobs(ids, 16))
+    assert q4.bytes_per_token() == 4 * 2 * 2 * (32 + 2 * 4)  # 4 layers, K+V, 2 heads, int4 + metadata
 
 
 @pytest.mark.parametrize("kv, bpt", [

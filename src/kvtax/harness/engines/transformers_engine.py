@@ -7,7 +7,8 @@ Arms (kv × path):
   group 64, residual 128 fp tokens; the backend package must be installed), `fp8`
   (QuantizedCache's fp8 backend, one scale per tensor), `kvtax-<format>` (kvtax's
   adapter: `kvtax.hf.KVTaxCache(kv=format)` inside `kvtax.hf.installed(model)`; e.g.
-  `kvtax-int8`, `kvtax-int4`, `kvtax-k8v4`).
+  `kvtax-int8`, `kvtax-int4`, `kvtax-k8v4`, `kvtax-q4`; hybrid formats such as q4 eager
+  only).
 - path `eager`, or `compiled`: the one-token decode forward goes through transformers'
   own `model.get_compiled_call(CompileConfig())` (what `generate` compiles); prefill
   stays eager, as in `generate`. Only a compileable (static-shape) cache can be compiled
@@ -73,9 +74,9 @@ def parse_kv(kv: str) -> KvArm:
                              f"{BACKEND_BITS[backend]} bits")
         return KvArm(backend, bits, group)
     if kv.startswith("kvtax-"):
-        from kvtax.formats import KVSpec
+        from kvtax.formats.hybrid import parse_kv as parse_format
 
-        KVSpec.parse(kv[len("kvtax-"):])  # FormatError names the valid formats
+        parse_format(kv[len("kvtax-"):])  # FormatError names the valid formats
         return KvArm("kvtax", fmt=kv[len("kvtax-"):])
     raise KVTaxError(f"transformers has no kv {kv!r}; use dynamic, static, quanto-int4, "
                      "quanto-int2, hqq-int4, ..., fp8 or kvtax-<format> (e.g. kvtax-int8)")
@@ -86,6 +87,12 @@ def arm_unavailable(arm: KvArm, path: str, model: str) -> str | None:
     if path == "compiled" and arm.kind not in COMPILEABLE:
         return (f"transformers compiles a decode step only over a compileable (static-shape) "
                 f"cache; {arm.kind} is not (compiled runs with static or kvtax-*)")
+    if arm.kind == "kvtax" and path == "compiled":
+        from kvtax.formats.hybrid import HybridSpec, parse_kv as parse_format
+
+        if isinstance(parse_format(arm.fmt), HybridSpec):
+            return (f"kvtax-{arm.fmt} keeps fp16 sink / recent tokens beside its body: "
+                    "KVTaxCache runs such formats eagerly only (no compiled decode yet)")
     if arm.kind == "quanto":
         from kvtax.harness.bench.hf_quantized import hf_quantized_unavailable
 
@@ -382,15 +389,17 @@ class TransformersEngine(TextEngine, Engine):
     def bytes_per_token(self) -> int | None:
         """K/V bytes one token adds over the full-attention layers, in the arm's format
         (QuantizedCache: its nominal codes + scale + zero per group, residual aside)."""
-        from kvtax.formats import KVSpec
+        from kvtax.formats.hybrid import HybridSpec, parse_kv as parse_format
         from kvtax.hf.cache import layer_windows
 
         cfg = self._text_cfg()
         d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         full = sum(1 for w in layer_windows(self.model.config) if w is None)
         size, arm = self.dtype.itemsize, self.arm
-        if arm.kind == "kvtax":
-            one = KVSpec.parse(str(arm.fmt)).bytes_per_token(d, self.dtype)
+        if arm.kind == "kvtax":  # a hybrid format: its body's (fp16 sinks / recent are fixed)
+            spec = parse_format(str(arm.fmt))
+            one = (spec.base if isinstance(spec, HybridSpec) else spec).bytes_per_token(
+                d, self.dtype)
         elif arm.kind == "fp8":
             one = 2 * d
         elif arm.bits is not None and arm.group is not None:  # codes + scale + zero, K and V
