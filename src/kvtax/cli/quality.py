@@ -81,7 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="KV format of the reference run (default fp16; another engine: its "
                         "unquantized arm)")
     p.add_argument("--sliding-kv", default=None,
-                   help="KV format of sliding-window layers (default: the arm's format)")
+                   help="KV format of sliding-window layers of the quantized arms (default: "
+                        "the arm's own; fp16 / bf16 / fp32 arms stay unquantized everywhere)")
     # float32 on CUDA too: a bf16 model amplifies any perturbation of the cache, so KL
     # against a bf16 run reads 2-4x higher than the cache's own error (Qwen2.5-Coder-0.5B
     # int8+hk+ck at 32k: 1.7e-3 bf16 vs 5.1e-4 float32, docs/QUALITY.md).

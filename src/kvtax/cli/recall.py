@@ -71,7 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-size", type=at_least(1), default=2048, help="prefill chunk in tokens "
                    "(default 2048)")
     p.add_argument("--sliding-kv", default=None,
-                   help="KV format of sliding-window layers (default: the arm's format)")
+                   help="KV format of sliding-window layers of the quantized arms (default: "
+                        "the arm's own; fp16 / bf16 / fp32 arms stay unquantized everywhere)")
     p.add_argument("--max-new-tokens", type=at_least(1), default=None,
                    help="generation budget per answer (default: the fact's sentence + 8 tokens)")
     p.add_argument("--no-chat", action="store_true",

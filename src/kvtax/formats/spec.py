@@ -56,7 +56,10 @@ SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4-c64v4@s4r128", "q3": "k3-c64v3-g32@s4
 # window q4's 128 recent tokens weigh a quarter of the layer: Gemma-3-270M (15 of 18 layers
 # slide) held 0.353 of fp16's bytes at 8k. Per-token int4 keys, Hadamard-rotated, with 32
 # fp16 recent tokens: 0.308 at 8k, 0.290 at 32k (docs/QUALITY.md).
-SLIDING_FORMS = {"q4": "int4+hk@s4r32"}
+# q3 likewise: per-token int3 keys (groups of 64), Hadamard-rotated, with 16 fp16 recent
+# tokens, the most that keeps Gemma-3-270M under 0.25 of fp16's bytes at 8k (0.247; q3's
+# own form there, k3-c64v3-g32@s4r96, holds 0.288). Chosen from bytes alone.
+SLIDING_FORMS = {"q4": "int4+hk@s4r32", "q3": "int3+hk@s4r16"}
 
 
 def expand_short(text: str) -> str:

@@ -68,6 +68,14 @@ class KVArm:
         """True for one plain format in every layer (no overrides, no fp16 sinks/recent)."""
         return not self.layers and "@" not in self.base
 
+    def sliding(self, sliding_kv: str | None) -> str | None:
+        """What `--sliding-kv` gives this arm's sliding-window layers: an arm that stores
+        nothing quantized (fp16, bf16, fp32: the baseline every KL and recall count is held
+        to) keeps every layer unquantized; others take `sliding_kv` (None: their own form)."""
+        if sliding_kv is None or any(s.is_quantized for s in self.specs()):
+            return sliding_kv
+        return None
+
     def specs(self) -> list["KVSpec | HybridSpec"]:
         """The parsed formats of the arm, base first; FormatError names a bad one."""
         return [parse_kv(f) for f in (self.base, *self.layers.values())]

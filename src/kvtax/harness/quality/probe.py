@@ -318,8 +318,8 @@ def measure(
     is_base = ref_logp is None
     c = ids.shape[1] - 1
     arm = parse_arm(kv)  # hybrid and per-layer caches come from the one factory
-    caches = make_caches(windows, arm.base, sliding_spec=cfg.sliding_kv, overrides=arm.layers,
-                         max_chunk=cfg.chunk_size)
+    caches = make_caches(windows, arm.base, sliding_spec=arm.sliding(cfg.sliding_kv),
+                         overrides=arm.layers, max_chunk=cfg.chunk_size)
     # fp16 shadows of this pass's own K/V give each layer's attention error.
     shadows = None if is_base else make_caches(windows, cfg.baseline, max_chunk=cfg.chunk_size)
     probe = LayerErrorProbe(net, shadows, c - cfg.tail)

@@ -126,7 +126,8 @@ class RecallModel:
         if path == "fused":
             kh = _kvtax_hf()
             with kh.installed(self.model, warn_untested=False):
-                cache = kh.KVTaxCache(self.model.config, kv=kv, sliding_kv=self.sliding_kv)
+                cache = kh.KVTaxCache(self.model.config, kv=kv,
+                                      sliding_kv=parse_arm(kv).sliding(self.sliding_kv))
                 out = self.model.generate(**common, **{kh.cache_kwarg(self.model): cache})
         else:
             kwargs = _hf_quantized_kwargs(kv) if path == "hf-quantized" else {}
@@ -172,7 +173,8 @@ class Session:
 
         arm = parse_arm(kv)  # a hybrid base and per-layer formats: the runner's caches
         self.runner = Runner(model.model, kv=arm.base, overrides=arm.layers or None,
-                             sliding_kv=model.sliding_kv, chunk_size=model.chunk_size)
+                             sliding_kv=arm.sliding(model.sliding_kv),
+                             chunk_size=model.chunk_size)
 
     def _prefill_prefix(self) -> None:
         self.runner.release_graph()
