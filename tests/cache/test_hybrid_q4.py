@@ -101,6 +101,9 @@ def test_q4_sliding_layers_store_per_token_int4_keys():
     assert [c.spec.name for c in make_caches([512, None], "q4", sliding_spec="fp16")] == [
         "fp16", "k4-c64v4@s4r128"]
     assert sliding_form("q8") is None and sliding_form("int4+hk@s4r128") is None
+    for spec in ("q3", "k3-c64v3-g32@s4r96"):  # q3 likewise, with int3 keys and 16 recent
+        assert [c.spec.name for c in make_caches([512, None], spec)] == [
+            "int3+hk@s4r16", "k3-c64v3-g32@s4r96"]
     cache = make_caches([512], "q4")[0]
     k, v = torch.randn(2, 1, 2, 600, 256, dtype=torch.bfloat16).unbind(0)
     cache.append(k, v)

@@ -96,3 +96,13 @@ def test_bench_bytes_per_token_counts_each_layers_format() -> None:
     assert model_bytes_per_token(cfg, parse_kv("int8"), torch.float32,
                                  {0: "fp16"}) == (n - 1) * int8 + fp16
     assert model_bytes_per_token(cfg, parse_kv("int8@s4r16"), torch.float32) == n * int8
+
+
+def test_sliding_kv_reaches_quantized_arms_only():
+    """--sliding-kv: quantized arms (plain, hybrid, per-layer) take it; an arm that stores
+    nothing quantized (the fp16 baseline of quality and recall) stays unquantized."""
+    for arm in ("int8", "q4", "fp16:L0=int4", "int4+hk@s4r32/fused"):
+        assert parse_arm(arm).sliding("int4+hk@s4r32") == "int4+hk@s4r32"
+    for arm in ("fp16", "bf16", "fp32/fused"):
+        assert parse_arm(arm).sliding("int4+hk@s4r32") is None
+    assert parse_arm("int8").sliding(None) is None

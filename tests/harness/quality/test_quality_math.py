@@ -242,3 +242,20 @@ def test_rows_name_q4s_sliding_layer_format(gemma) -> None:
     row, _ = measure(gemma.model, _ids(81), "q4", cfg, None)
     want = ["k4-c64v4@s4r128" if w is None else "int4+hk@s4r32" for w in row["layer_windows"]]
     assert row["layer_specs"] == want and len(set(want)) == 2
+
+
+def test_sliding_kv_leaves_the_baseline_unquantized(gemma) -> None:
+    """`--sliding-kv` gives the quantized arms' sliding layers a format; the fp16 baseline
+    every KL is held to keeps all its layers fp16 (it once took the sliding format too, so
+    KL measured only the global layers' error). q3's short name stores int3+hk@s4r16 there."""
+    cfg = QualityConfig(model="tiny-gemma3", contexts=[80], kvs=["q3"], tail=8, chunk_size=40,
+                        sliding_kv="int4+hk@s4r32")
+    base, _ = measure(gemma.model, _ids(81), "fp16", cfg, None)
+    assert set(base["layer_specs"]) == {"fp16"}
+    row, _ = measure(gemma.model, _ids(81), "q3", cfg, torch.zeros(8, 1))
+    want = ["k3-c64v3-g32@s4r96" if w is None else "int4+hk@s4r32" for w in row["layer_windows"]]
+    assert row["layer_specs"] == want
+    cfg.sliding_kv = None
+    row, _ = measure(gemma.model, _ids(81), "q3", cfg, torch.zeros(8, 1))
+    assert {s for s, w in zip(row["layer_specs"], row["layer_windows"]) if w} == {
+        "int3+hk@s4r16"}
