@@ -181,7 +181,7 @@ def staged_cases():
     then whole staged calls (fp16 chunks with max_key and the prior, the fused edge) on a
     plain int4 cache and q4's body, the scratch shrunk to 128-slot chunks."""
     from kvtax.attention import staged
-    from kvtax.attention.launch import launch_stage
+    from kvtax.attention.stage_launch import launch_stage
     from kvtax.cache import FullCache
     from kvtax.cache.hybrid import HybridCache
 

@@ -15,7 +15,8 @@ import torch
 from kvtax.attention import attention_blockwise, launch, staged
 from kvtax.attention.dispatch import attention
 from kvtax.attention.kernels import prefill, stage
-from kvtax.attention.launch import launch_attention, launch_stage
+from kvtax.attention.launch import launch_attention
+from kvtax.attention.stage_launch import launch_stage
 from kvtax.errors import ShapeError
 from tests.attention.test_hybrid_decode_interp import _hybrid, _reference
 from tests.support import kernels as ke

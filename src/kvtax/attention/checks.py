@@ -58,3 +58,29 @@ def rotate_query(q: torch.Tensor, view: CacheView) -> torch.Tensor:
 def unrotate_output(out: torch.Tensor, view: CacheView) -> torch.Tensor:
     """Attention output back from the stored values' domain (H is its own inverse)."""
     return rotate(out) if view.spec.rotate_values else out
+
+
+def check_prior(prior, q: torch.Tensor) -> None:  # noqa: ANN001
+    """ShapeError unless `prior` is None or contiguous float32 `(out [B, H_q, L, D],
+    lse [B, H_q, L])` on q's device."""
+    if prior is None:
+        return
+    o, lse = prior
+    for t, shape in ((o, tuple(q.shape)), (lse, tuple(q.shape[:3]))):
+        if (tuple(t.shape) != shape or t.dtype != torch.float32 or not t.is_contiguous()
+                or t.device != q.device):
+            raise ShapeError(f"prior tensors must be contiguous float32 {shape} on {q.device}, "
+                             f"got {t.dtype} {tuple(t.shape)}")
+
+
+def check_max_key(max_key: int | None, view: CacheView, kv_start, *, block_n: int  # noqa: ANN001
+                  ) -> None:
+    """ShapeError unless max_key is None or a positive multiple of the launch's block_n
+    on a full cache without padding (the only layout the prefill kernel caps)."""
+    if max_key is None:
+        return
+    if view.ring or view.window is not None or kv_start is not None:
+        raise ShapeError("max_key applies to full caches without a window, ring or kv_start")
+    if not 0 < max_key < 2**31 or max_key % block_n:
+        raise ShapeError(f"max_key {max_key} must be a positive multiple of the launch's "
+                         f"{block_n}-slot tiles")

@@ -16,13 +16,12 @@ import torch
 import triton
 
 from kvtax import pdl
-from kvtax.attention.checks import check_kv_start, check_query
+from kvtax.attention.checks import check_kv_start, check_max_key, check_prior, check_query
 from kvtax.attention.kernels.decode import decode_attn_split_kernel
 from kvtax.attention.kernels.decode_swap import decode_swap_kernel
 from kvtax.attention.kernels.decode_warp import decode_warp_kernel
 from kvtax.attention.kernels.prefill import prefill_attn_fwd_kernel
 from kvtax.attention.kernels.reduce import decode_attn_reduce_kernel
-from kvtax.attention.kernels.stage import stage_slots_kernel
 from kvtax.attention.launch_table import LaunchConfig, launch_config, max_slots
 from kvtax.attention.support import (
     format_code, gluon_swap_kernel, gluon_swap_reason, half_width, interpreting,
@@ -59,7 +58,7 @@ def launch_attention(
     (no ring, window or kv_start), prefill calls only (a staged prefill's chunk)."""
     n_q, group, lengths, kv_start, out = _checked_call(q, view, lengths, kv_start, out, lse,
                                                        min_distance, min_key)
-    _check_prior(prior, q)
+    check_prior(prior, q)
     if n_q == 0 or q.shape[0] == 0:
         return out
     cfg = config or launch_config(q, view, lengths, softcap=bool(softcap),
@@ -68,7 +67,7 @@ def launch_attention(
     args = _Args(q, view, cfg, lengths, kv_start, lse, out, min_distance, min_key,
                  qk_scale, cap_log2, bool(softcap))
     if cfg.path == "prefill":
-        _check_max_key(max_key, view, kv_start, cfg)
+        check_max_key(max_key, view, kv_start, block_n=cfg.block_n)
         if max_key is not None:
             args.common["HAS_MIN_DIST"] = True
         grid = (triton.cdiv(group * n_q, cfg.block_m), q.shape[0] * view.num_kv_heads)
@@ -194,32 +193,6 @@ def _checked_call(q, view, lengths, kv_start, out, lse,  # noqa: ANN001, ANN202
     if not 0 <= min_distance < 2**31 or not 0 <= min_key < 2**31:
         raise ShapeError(f"min_distance {min_distance}, min_key {min_key} must be in [0, 2^31)")
     return n_q, group, lengths, kv_start, out
-
-
-def _check_prior(prior, q: torch.Tensor) -> None:  # noqa: ANN001
-    """ShapeError unless `prior` is None or contiguous float32 `(out [B, H_q, L, D],
-    lse [B, H_q, L])` on q's device."""
-    if prior is None:
-        return
-    o, lse = prior
-    for t, shape in ((o, tuple(q.shape)), (lse, tuple(q.shape[:3]))):
-        if (tuple(t.shape) != shape or t.dtype != torch.float32 or not t.is_contiguous()
-                or t.device != q.device):
-            raise ShapeError(f"prior tensors must be contiguous float32 {shape} on {q.device}, "
-                             f"got {t.dtype} {tuple(t.shape)}")
-
-
-def _check_max_key(max_key: int | None, view: CacheView, kv_start, cfg: LaunchConfig  # noqa: ANN001
-                   ) -> None:
-    """ShapeError unless max_key is None or a positive multiple of the launch's BLOCK_N
-    on a full cache without padding (the only layout the prefill kernel caps)."""
-    if max_key is None:
-        return
-    if view.ring or view.window is not None or kv_start is not None:
-        raise ShapeError("max_key applies to full caches without a window, ring or kv_start")
-    if not 0 < max_key < 2**31 or max_key % cfg.block_n:
-        raise ShapeError(f"max_key {max_key} must be a positive multiple of the launch's "
-                         f"{cfg.block_n}-slot tiles")
 
 
 def _score_scales(view: CacheView, scale: float | None, softcap: float | None):  # noqa: ANN202
@@ -479,29 +452,6 @@ def _ieee_dots(dtype: torch.dtype) -> bool:
     """float32 dots for fp32 models, and for bf16 under the interpreter, whose bf16
     tl.dot is broken (Triton 3.9 returns garbage); compiled bf16 keeps bf16 dots."""
     return dtype == torch.float32 or (dtype == torch.bfloat16 and interpreting())
-
-
-STAGE_TILE = 64  # slots per stage_slots_kernel program (inside one int4-c64 block)
-
-
-def launch_stage(qt, fmt: KVFormat, start: int, n: int, out: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-    """Dequantize slots `[start, start + n)` of QTensor `qt` (storage `[B, H_kv, slots,
-    width]` in `fmt`) into rows `[0, n)` of `out` `[B, H_kv, n_pad, D]` (fp16 / bf16 /
-    float32, last stride 1, n_pad a multiple of STAGE_TILE >= n; rows past n get finite
-    filler). The kernels' own dequantization (kernels/stage.py). Returns out."""
-    code = format_code(fmt)
-    b, h, n_pad, d = out.shape
-    if code is None or n_pad % STAGE_TILE or n_pad < n or out.stride(-1) != 1:
-        raise ShapeError(f"cannot stage {n} slots of {fmt.name} into {tuple(out.shape)}")
-    if code[0] in (4, 5) and start % 64:
-        raise ShapeError(f"{fmt.name} stages from a 64-slot block boundary, not {start}")
-    kc, ks, kb = storage_parts(qt)
-    stage_slots_kernel[(n_pad // STAGE_TILE, b * h)](
-        kc, ks, kb, out, start, n, h, *kc.stride()[:3], *ks.stride()[:3], *out.stride()[:3],
-        HEAD_DIM=d, HALF=half_width(d), BLOCK_N=STAGE_TILE, FMT=code[0], GS=max(code[1], 1),
-        num_warps=4,
-    )
-    return out
 
 
 def storage_parts(qt) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # noqa: ANN001

@@ -64,7 +64,8 @@ def staged_launch(
     `[B, H_q, L, D]` in q.dtype or float32; lse, prior and the min_distance / min_key
     masks as there). Keys every row sees, `[min_key, edge)`, go through fp16 chunks;
     `[edge, ...)` through the fused kernel, which writes out."""
-    from kvtax.attention.launch import launch_attention, launch_stage, workspace
+    from kvtax.attention.launch import launch_attention, workspace
+    from kvtax.attention.stage_launch import launch_stage
 
     n_q = q.shape[2]
     kw = dict(scale=scale, softcap=softcap, min_distance=min_distance)
