@@ -87,6 +87,10 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
         raise FormatError(
             f"spec {text!r}: after '@' write s<sinks>r<recent>, e.g. int4+hk@s4r128, int4@r64"
         )
+    if "@" in expand_short(base):  # q4@s4r8: the short name already carries its own suffix
+        body = expand_short(base).partition("@")[0]
+        raise FormatError(f"spec {text!r}: {base} already keeps fp16 tokens "
+                          f"({expand_short(base)}); write {body}@{suffix} for other counts")
     spec = KVSpec.parse(base)
     if not spec.is_quantized:
         raise FormatError(f"spec {text!r}: the body {spec.name} is not quantized; drop the '@…'")
