@@ -26,7 +26,9 @@ import torch
 from kvtax.errors import FormatError
 from kvtax.formats.spec import SLIDING_FORMS, KVSpec, expand_short, fit_head_dim
 
-_SUFFIX_RE = re.compile(r"^(?:s(?P<s>\d+))?(?:r(?P<r>\d+))?$")
+_SUFFIX_RE = re.compile(r"^(?:s(?P<s>\d+))?(?:r(?P<r>\d+))?(?P<i8>i8)?$")
+# What an `i8` suffix keeps the sinks and recent tokens in instead of fp16.
+EXEMPT_I8 = "int8"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class HybridSpec:
     def name(self) -> str:
         parts = f"s{self.sinks}" if self.sinks else ""
         parts += f"r{self.recent}" if self.recent else ""
+        if parts and self.exempt == KVSpec.parse(EXEMPT_I8):
+            parts += "i8"
         return f"{self.base.name}@{parts}" if parts else self.base.name
 
     @property
@@ -83,7 +87,7 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
     if not at:
         return KVSpec.parse(raw)
     m = _SUFFIX_RE.match(suffix)
-    if not m or not suffix:
+    if not m or not suffix or suffix == "i8":
         raise FormatError(
             f"spec {text!r}: after '@' write s<sinks>r<recent>, e.g. int4+hk@s4r128, int4@r64"
         )
@@ -94,7 +98,8 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
     spec = KVSpec.parse(base)
     if not spec.is_quantized:
         raise FormatError(f"spec {text!r}: the body {spec.name} is not quantized; drop the '@…'")
-    return HybridSpec(spec, int(m["s"] or 0), int(m["r"] or 0))
+    exempt = KVSpec.parse(EXEMPT_I8 if m["i8"] else "fp16")
+    return HybridSpec(spec, int(m["s"] or 0), int(m["r"] or 0), exempt)
 
 
 def sliding_form(spec: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec | None":

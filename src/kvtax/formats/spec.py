@@ -52,14 +52,15 @@ DEFAULT_KV = "int8+hk+ck"
 # the 0.25 a 3-bit cache is for; int3-c64 keys need >= 63. Read by the tile kernels.
 SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4-c64v4@s4r128", "q3": "k3-c64v3-g32@s4r96"}
 # What a short name stores on a sliding-window layer where that differs. int4-c64 keys need
-# >= 63 fp16 recent tokens (a query never reads a block still open), so on a 512-token
-# window q4's 128 recent tokens weigh a quarter of the layer: Gemma-3-270M (15 of 18 layers
-# slide) held 0.353 of fp16's bytes at 8k. Per-token int4 keys, Hadamard-rotated, with 32
-# fp16 recent tokens: 0.308 at 8k, 0.290 at 32k (docs/QUALITY.md).
-# q3 likewise: per-token int3 keys (groups of 64), Hadamard-rotated, with 16 fp16 recent
+# >= 63 recent tokens outside the body (a query never reads a block still open); on a
+# 512-token window 64 fp16 ones weigh an eighth of the layer, so q4 keeps them in int8
+# (`i8`): Gemma-3-270M (15 of 18 layers slide) holds 0.309 of fp16's bytes at 8k, as with
+# per-token int4+hk@s4r32 keys, at half that form's KL there (3.1e-3 vs 6.2e-3 at 4k; keys
+# carried its error: int8 keys 1.4e-3, int8 values 5.2e-3; docs/QUALITY.md).
+# q3: per-token int3 keys (groups of 64), Hadamard-rotated, with 16 fp16 recent
 # tokens, the most that keeps Gemma-3-270M under 0.25 of fp16's bytes at 8k (0.247; q3's
 # own form there, k3-c64v3-g32@s4r96, holds 0.288). Chosen from bytes alone.
-SLIDING_FORMS = {"q4": "int4+hk@s4r32", "q3": "int3+hk@s4r16"}
+SLIDING_FORMS = {"q4": "k4-c64v4@r64i8", "q3": "int3+hk@s4r16"}
 
 
 def expand_short(text: str) -> str:
