@@ -35,7 +35,12 @@ def _expected(q, k, v, spec: HybridSpec, window, softcap=None) -> torch.Tensor:
     base = spec.base
     kq = _roundtrip(k, base.key, base.rotate_keys).double()
     vq = _roundtrip(v, base.value, base.rotate_values).double()
-    k16, v16 = k.half().double(), v.half().double()
+    ex = spec.exempt  # fp16, or int8 under an `i8` suffix
+    if ex.is_quantized:
+        k16 = _roundtrip(k, ex.key, ex.rotate_keys).double()
+        v16 = _roundtrip(v, ex.value, ex.rotate_values).double()
+    else:
+        k16, v16 = k.half().double(), v.half().double()
     sinks = spec.sinks if window is None else 0
     recent = spec.recent if window is None else min(spec.recent, window)
     out = torch.zeros(b, hq, n_q, d, dtype=torch.float64)
@@ -64,6 +69,8 @@ CASES = [
     pytest.param("k8v4@s7", None, [30, 70], id="k8v4-sinks-only"),
     pytest.param("int4-g32@s2r8", 24, [60, 1, 40], id="int4g32-s2r8-window24"),
     pytest.param("int4@r40", 24, [50, 50], id="int4-recent-past-window"),
+    pytest.param("int4+hk@s4r16i8", None, [5, 40, 1, 51], id="int4+hk-s4r16-int8-exempt"),
+    pytest.param("int4-g32@r8i8", 24, [60, 1, 40], id="int4g32-r8-int8-exempt-window24"),
 ]
 
 
@@ -156,7 +163,12 @@ def test_bytes_trim_reset_and_layers() -> None:
 def test_parse_errors() -> None:
     assert parse_kv("int4+HK@S4R128").name == "int4+hk@s4r128"
     assert parse_kv("int8").name == "int8"
-    for bad in ("int4@", "int4@q5", "fp16@s4", "int2@s4"):
+    spec = parse_kv("int4+hk@S4R64I8")  # `i8`: sinks and recent tokens in int8, not fp16
+    assert spec.name == "int4+hk@s4r64i8" and spec.exempt.name == "int8"
+    assert parse_kv(spec.name) == spec and parse_kv("int4@s4r64").exempt.name == "fp16"
+    assert spec.bytes_for(300, 64) == 300 * spec.base.bytes_per_token(64) + 68 * (
+        parse_kv("int8").bytes_per_token(64))
+    for bad in ("int4@", "int4@q5", "fp16@s4", "int2@s4", "int4@i8", "int4@s4i4", "fp16@r4i8"):
         with pytest.raises(FormatError):
             parse_kv(bad)
     with pytest.raises(ValueError):

@@ -87,26 +87,27 @@ def test_make_caches_gives_q4_layers_block_aligned_bodies() -> None:
     assert caches[1].sinks == 0 and caches[1].body.ring % 64 == 0
 
 
-def test_q4_sliding_layers_store_per_token_int4_keys():
-    """q4 on a sliding-window layer: int4-c64 keys would need >= 63 fp16 recent tokens, a
-    quarter of a 512 window's bytes (Gemma-3-270M: 0.353 of fp16's at 8k), so the short
-    name stores int4+hk@s4r32 there (SLIDING_FORMS); its expansion gets the same, an
-    explicit --sliding-kv wins, and other specs are unchanged."""
+def test_q4_sliding_layers_keep_their_recent_tokens_in_int8():
+    """q4 on a sliding-window layer: int4-c64 keys need >= 63 recent tokens outside the
+    body, an eighth of a 512 window in fp16, so the short name keeps 64 in int8 there
+    (k4-c64v4@r64i8, SLIDING_FORMS); its expansion gets the same, an explicit --sliding-kv
+    wins, and other specs are unchanged."""
     from kvtax.cache.policy import make_caches
     from kvtax.formats.hybrid import sliding_form
 
     for spec in ("q4", "k4-c64v4@s4r128"):
         names = [c.spec.name for c in make_caches([512, None, 512], spec)]
-        assert names == ["int4+hk@s4r32", "k4-c64v4@s4r128", "int4+hk@s4r32"]
+        assert names == ["k4-c64v4@r64i8", "k4-c64v4@s4r128", "k4-c64v4@r64i8"]
     assert [c.spec.name for c in make_caches([512, None], "q4", sliding_spec="fp16")] == [
         "fp16", "k4-c64v4@s4r128"]
     assert sliding_form("q8") is None and sliding_form("int4+hk@s4r128") is None
-    for spec in ("q3", "k3-c64v3-g32@s4r96"):  # q3 likewise, with int3 keys and 16 recent
+    for spec in ("q3", "k3-c64v3-g32@s4r96"):  # q3: per-token int3 keys and 16 recent
         assert [c.spec.name for c in make_caches([512, None], spec)] == [
             "int3+hk@s4r16", "k3-c64v3-g32@s4r96"]
     cache = make_caches([512], "q4")[0]
     k, v = torch.randn(2, 1, 2, 600, 256, dtype=torch.bfloat16).unbind(0)
     cache.append(k, v)
-    # per KV head (2): 512 window rows of K and V in int4 (128 B of codes + 4 groups of
-    # bf16 scale and bias per 256 dims) and 32 fp16 recent tokens (512 B per K or V row)
-    assert cache.used_nbytes == 2 * (512 * 2 * (128 + 4 * 4) + 32 * 2 * 512)
+    # per KV head (2): 512 window rows of int4-c64 keys (128 B of codes + a bf16 scale and
+    # bias per channel per 64 tokens: 16 B a row) and int4 values (128 B + 4 groups of
+    # scale and bias), and 64 recent tokens in int8 (256 B + 4 groups: 272 B per K or V)
+    assert cache.used_nbytes == 2 * (512 * (128 + 16 + 128 + 4 * 4) + 64 * 2 * 272)

@@ -99,17 +99,19 @@ def test_unfit_format_fails_at_construction() -> None:
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_hybrid_short_context_reads_fp16(family: str) -> None:
-    """q4 keeps 4 sink and 128 recent tokens in fp16 (a sliding layer all of its window):
-    under that many tokens its logits are fp16 KV's."""
+    """q4 keeps 4 sink and 128 recent tokens in fp16 (a sliding layer 64 in int8,
+    k4-c64v4@r64i8): under that many tokens its logits are those of fp16 KV (int8 on the
+    sliding layers)."""
     model = _model(family, seed=2)
     ids = torch.randint(1, 97, (1, 40))
     cache = KVTaxCache(model.config, kv="q4")
     assert not any(layer.is_compileable for layer in cache.layers)
-    assert_close(_run(model, cache, ids), _run(model, KVTaxCache(model.config, kv="fp16"), ids),
+    want = KVTaxCache(model.config, kv="fp16", sliding_kv="int8")
+    assert_close(_run(model, cache, ids), _run(model, want, ids),
                  atol=1e-4, rel_rms=1e-5, what=family)
     specs = {s.name for s in cache.specs}
     assert specs == ({"k4-c64v4@s4r128"} if family == "llama"
-                     else {"k4-c64v4@s4r128", "int4+hk@s4r32"}), specs
+                     else {"k4-c64v4@s4r128", "k4-c64v4@r64i8"}), specs
 
 
 def test_hybrid_chunked_prefill_and_decode_equal_one_shot() -> None:

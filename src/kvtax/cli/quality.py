@@ -12,7 +12,8 @@ run's own K/V (an fp16 shadow cache of each layer; per query head too).
 Formats: fp16 bf16 fp8 int8 int4 (int-g<group>), K/V pairs (k8v4), Hadamard rotation
 (+hk keys, +hkv keys and values), and fp16 sink/recent tokens around a quantized body:
 <spec>@s<S>r<R>, e.g. int4+hk@s4r128 keeps positions 0..3 and each query's 128 nearest
-keys in fp16 and reads the rest from int4.
+keys in fp16 and reads the rest from int4 (a trailing i8, int4+hk@s4r128i8, keeps them in
+int8). Short names: q8, q4, q3 (docs/QUALITY.md).
 
 Rows (kind "quality") go to a new run folder; `kvtax report RUN` renders the tables.
 
@@ -65,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv", default=None,
                    help="comma-separated KV formats compared with the baseline (default "
                         "int8,int8+hk,int4,int4+hk); the arm grammar of kvtax.harness.kv_arm: "
-                        "FORMAT@s<S>r<R> keeps S sink and R recent tokens in fp16, "
+                        "FORMAT@s<S>r<R> keeps S sink and R recent tokens in fp16 (@s<S>r<R>i8: "
+                        "in int8), "
                         "FORMAT:L0=fp16:L8=int8 keeps the listed layers in another format; "
                         "another engine's own cache settings (default: the engine's)")
     add_engine(p)

@@ -5,10 +5,13 @@ Quantization error hurts most where attention concentrates: the first few tokens
 keeps the first `sinks` positions and, for each query, its `recent` nearest keys in an
 unquantized format (fp16), and reads every other key from the quantized body.
 
-Grammar (case-insensitive): `<spec>@s<S>r<R>`, either number may be left out:
+Grammar (case-insensitive): `<spec>@s<S>r<R>[i8]`, either number may be left out:
   int4+hk@s4r128   Hadamard-rotated int4 body, 4 fp16 sinks, 128 fp16 recent tokens
   int4@r64         no sinks, 64 recent tokens
   k8v4@s16         16 sinks, no recent window
+  k4-c64v4@r64i8   the sinks and recent tokens in int8 instead of fp16 (q4's form on a
+                   sliding-window layer, where 64 fp16 tokens would weigh an eighth of a
+                   512-token window)
 
     >>> spec = parse_kv("int4+hk@s4r128")
     >>> spec.base.name, spec.sinks, spec.recent
@@ -38,7 +41,7 @@ class HybridSpec:
     base:   the body's KVSpec (e.g. int4+hk).
     sinks:  positions `[0, sinks)` are read unquantized by every query.
     recent: a query at position p reads keys `(p - recent, p]` unquantized.
-    exempt: the unquantized format of sinks and recent tokens (fp16).
+    exempt: the format of sinks and recent tokens (fp16; int8 under an `i8` suffix).
     """
 
     base: KVSpec
@@ -89,7 +92,8 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
     m = _SUFFIX_RE.match(suffix)
     if not m or not suffix or suffix == "i8":
         raise FormatError(
-            f"spec {text!r}: after '@' write s<sinks>r<recent>, e.g. int4+hk@s4r128, int4@r64"
+            f"spec {text!r}: after '@' write s<sinks>r<recent>[i8], e.g. int4+hk@s4r128, "
+            "int4@r64, k4-c64v4@r64i8"
         )
     if "@" in expand_short(base):  # q4@s4r8: the short name already carries its own suffix
         body = expand_short(base).partition("@")[0]
