@@ -15,7 +15,7 @@ from kvtax.attention.lse import attention_lse, merge_lse
 from kvtax.cache import FullCache, make_caches
 from kvtax.cache.hybrid import HybridCache
 from kvtax.errors import CapacityError, FormatError
-from kvtax.formats import rotate
+from kvtax.formats import KVSpec, rotate
 from kvtax.formats.hybrid import HybridSpec, parse_kv
 from tests.support.tensors import assert_close, rand_kv
 
@@ -158,6 +158,23 @@ def test_bytes_trim_reset_and_layers() -> None:
     assert caches[0].body is not None and caches[1].sinks == 0 and caches[2].body is None
     cache.reset()
     assert len(cache) == 0
+
+
+def test_int8_exempt_fits_head_dim_96() -> None:
+    """An `i8` part is int8 named without a group: at head_dim 96 it takes int8-g32, as
+    the name "int8" does in a plain cache, and the spec still says `i8`."""
+    spec = parse_kv("int4-g32@s2r8i8")
+    spec.check(96)
+    gen = torch.Generator().manual_seed(5)
+    k, v, q = (rand_kv(s, gen=gen) for s in ((1, 2, 40, 96), (1, 2, 40, 96), (1, 4, 40, 96)))
+    cache = HybridCache(spec)
+    cache.append(k, v)
+    assert cache.fp.spec.name == "int8-g32" and cache.spec.name == "int4-g32@s2r8i8"
+    assert cache.used_nbytes == 2 * (40 * spec.base.bytes_per_token(96, torch.float32)
+                                     + 10 * KVSpec.parse("int8-g32").bytes_per_token(
+                                         96, torch.float32))
+    want = _expected(q, k, v, dataclasses.replace(spec, exempt=cache.fp.spec), None)
+    assert_close(attention(q, cache.view()), want.float(), atol=2e-5, rel_rms=2e-6)
 
 
 def test_parse_errors() -> None:

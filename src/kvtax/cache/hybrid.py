@@ -73,8 +73,9 @@ class HybridCache:
         self.fp: SlidingCache | None = None
         if self.sinks or self.recent:
             # A ring of >= recent slots; window 1 when only sinks are kept (the masks below
-            # then expose the sinks alone).
-            self.fp = SlidingCache(hs.exempt, window=max(self.recent, 1), sinks=self.sinks,
+            # then expose the sinks alone). By name, so an `i8` part's int8 takes a group
+            # size dividing head_dim at the first append, as any plain name does.
+            self.fp = SlidingCache(hs.exempt.name, window=max(self.recent, 1), sinks=self.sinks,
                                    max_chunk=max_chunk, check_finite=check_finite,
                                    center_keys=False)
         self.body: BaseCache | None = None
@@ -103,7 +104,7 @@ class HybridCache:
     @property
     def used_nbytes(self) -> int:
         """Bytes a decode-time cache needs: the body's tokens (the last `window` of a
-        sliding layer) plus `sinks + recent` fp16 tokens. A prefill chunk's extra ring
+        sliding layer) plus `sinks + recent` fp16 (`i8`: int8) tokens. A prefill chunk's extra ring
         slots are working space and not counted."""
         if self.length == 0:
             return 0
@@ -116,8 +117,8 @@ class HybridCache:
             body = held * self.spec.base.bytes_per_token(store.head_dim, store.dtype)
         exempt = min(self.length, self.sinks) + min(max(self.length - self.sinks, 0),
                                                     self.recent)
-        return rows * (body + exempt * self.spec.exempt.bytes_per_token(store.head_dim,
-                                                                       store.dtype))
+        fp_bytes = self.fp.spec.bytes_per_token(store.head_dim, store.dtype) if self.fp else 0
+        return rows * (body + exempt * fp_bytes)
 
     @property
     def growth_events(self) -> int:

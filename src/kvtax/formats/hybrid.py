@@ -29,9 +29,8 @@ import torch
 from kvtax.errors import FormatError
 from kvtax.formats.spec import SLIDING_FORMS, KVSpec, expand_short, fit_head_dim
 
-_SUFFIX_RE = re.compile(r"^(?:s(?P<s>\d+))?(?:r(?P<r>\d+))?(?P<i8>i8)?$")
-# What an `i8` suffix keeps the sinks and recent tokens in instead of fp16.
-EXEMPT_I8 = "int8"
+# s<S>r<R> (one of them at least), then `i8` for int8 sinks/recent tokens instead of fp16
+_SUFFIX_RE = re.compile(r"^(?=[sr])(?:s(?P<s>\d+))?(?:r(?P<r>\d+))?(?P<i8>i8)?$")
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class HybridSpec:
     def name(self) -> str:
         parts = f"s{self.sinks}" if self.sinks else ""
         parts += f"r{self.recent}" if self.recent else ""
-        if parts and self.exempt == KVSpec.parse(EXEMPT_I8):
+        if parts and self.exempt.is_quantized:  # only the `i8` suffix stores them quantized
             parts += "i8"
         return f"{self.base.name}@{parts}" if parts else self.base.name
 
@@ -67,7 +66,8 @@ class HybridSpec:
 
     def check(self, head_dim: int) -> None:
         self.base.check(head_dim)
-        self.exempt.check(head_dim)
+        # named by the suffix, without a group: fitted to head_dim like any such name
+        fit_head_dim(self.exempt.name, head_dim).check(head_dim)
 
     def bytes_for(self, tokens: int, head_dim: int,
                   model_dtype: torch.dtype = torch.float16) -> int:
@@ -90,19 +90,19 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
     if not at:
         return KVSpec.parse(raw)
     m = _SUFFIX_RE.match(suffix)
-    if not m or not suffix or suffix == "i8":
+    if not m:
         raise FormatError(
             f"spec {text!r}: after '@' write s<sinks>r<recent>[i8], e.g. int4+hk@s4r128, "
             "int4@r64, k4-c64v4@r64i8"
         )
-    if "@" in expand_short(base):  # q4@s4r8: the short name already carries its own suffix
-        body = expand_short(base).partition("@")[0]
-        raise FormatError(f"spec {text!r}: {base} already keeps fp16 tokens "
-                          f"({expand_short(base)}); write {body}@{suffix} for other counts")
+    short = expand_short(base)
+    if "@" in short:  # q4@s4r8: the short name already carries its own suffix
+        raise FormatError(f"spec {text!r}: {base} already keeps fp16 tokens ({short}); "
+                          f"write {short.partition('@')[0]}@{suffix} for other counts")
     spec = KVSpec.parse(base)
     if not spec.is_quantized:
         raise FormatError(f"spec {text!r}: the body {spec.name} is not quantized; drop the '@…'")
-    exempt = KVSpec.parse(EXEMPT_I8 if m["i8"] else "fp16")
+    exempt = KVSpec.parse("int8" if m["i8"] else "fp16")
     return HybridSpec(spec, int(m["s"] or 0), int(m["r"] or 0), exempt)
 
 
