@@ -156,7 +156,9 @@ def test_trim_deeper_than_the_history_refuses_after_device_writes() -> None:
     with pytest.raises(CapacityError, match="re-quantize the last block"):
         cache.trim(HISTORY + 1)  # its last block starts at 512 - rows, the row replaced
     assert len(cache) == 512
-    assert all(torch.equal(a, b) for a, b in zip(before, cache.store.k.parts()))
+    # bitwise: slots past the last block are torch.empty, and garbage may read as NaN
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+               for a, b in zip(before, cache.store.k.parts()))
     assert cache.trim(HISTORY) == HISTORY
 
 
