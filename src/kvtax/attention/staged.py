@@ -8,9 +8,10 @@ FlashAttention-2's TFLOP/s while the same kernel over fp16 storage ran at 1.4x. 
 each slot is dequantized once (kernels/stage.py: the kernels' own dequantization) into
 a scratch of STAGE_BYTES, the fp16 prefill kernel attends over it, and the chunks chain
 through the kernel's prior epilogue (a running (out, log-sum-exp) pair, as a hybrid
-cache's parts do); the causal edge, which only some rows see, stays on the fused
-kernel over the quantized storage. Exactly the function `launch_attention` computes,
-up to float rounding of the chunked softmax.
+cache's parts do). The causal edge, which only some rows see, is staged too, in the
+last chunk, where the fp16 kernel's causal mask and early exit apply (on the fused
+kernel it held a third of a 2048-row chunk's FLOPs at 4k). Exactly the function
+`launch_attention` computes, up to float rounding of the chunked softmax.
 
 Transient memory: the scratch (STAGE_BYTES at most) plus the float32 pair, both bounded
 whatever the context. It pays only when many query rows share each dequantized slot:
@@ -25,7 +26,10 @@ from kvtax.attention.view import CacheView
 from kvtax.formats import KVSpec, QTensor
 
 STAGE_BYTES = 32 << 20  # fp16 K + V scratch of one chunk
-STAGE_MIN_ROWS = 1024  # G * L query rows from which staging pays (the 8th row block)
+# G * L query rows from which staging is used: on an H200 it beat the fused kernel in every
+# measured cell, from 64 rows x 4 heads (256) at 4k to 2048 x 4 at 128k, every format
+# (benchmarks/staged_prefill.py, 2026-12-04); fewer rows were not measured.
+STAGE_MIN_ROWS = 256
 ALIGN = 128  # chunk bounds: the prefill kernel's widest key tile, two int4-c64 blocks
 _FLOAT = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -62,37 +66,58 @@ def staged_launch(
     """`launch.launch_attention` of a prefill call, staged (`staged_reason` must be None):
     the same arguments and result (q `[B, H_q, L, D]` in the stored keys' domain; out
     `[B, H_q, L, D]` in q.dtype or float32; lse, prior and the min_distance / min_key
-    masks as there). Keys every row sees, `[min_key, edge)`, go through fp16 chunks;
-    `[edge, ...)` through the fused kernel, which writes out."""
+    masks as there). Every slot from min_key on goes through fp16 chunks, the causal edge
+    (`[last, length)`, which holds every query row) in the last one, whose launch writes
+    out; an edge longer than the scratch stays on the fused kernel over the quantized
+    storage."""
     from kvtax.attention.launch import launch_attention, workspace
-    from kvtax.attention.stage_launch import launch_stage
+    from kvtax.attention.stage_launch import STAGE_TILE
 
     n_q = q.shape[2]
     kw = dict(scale=scale, softcap=softcap, min_distance=min_distance)
-    edge = (view.length - n_q + 1 - min_distance) // ALIGN * ALIGN
-    begin = min_key // ALIGN * ALIGN
-    if edge <= begin:
+    begin, size = min_key // ALIGN * ALIGN, chunk_slots(view, q.dtype)
+    if view.length - min_distance <= min_key:  # no row sees a key: the fused kernel's empty rows
         return launch_attention(q, view, out=out, lse=lse, prior=prior, min_key=min_key, **kw)
-    chunk = min(chunk_slots(view, q.dtype), edge - begin)
-    shape = (view.batch, view.num_kv_heads, chunk, view.head_dim)
-    k_buf = torch.empty(shape, dtype=q.dtype, device=q.device)
-    v_buf = torch.empty(shape, dtype=q.dtype, device=q.device)
-    spec = KVSpec.of(_FLOAT[q.dtype])
+    last = max((view.length - n_q) // ALIGN * ALIGN, begin)  # [last, length) holds every row
+    if view.length - last <= size:  # the causal edge fits one chunk: staged, it writes out
+        stop, tail = last, view.length - last
+    else:  # a chunk longer than the scratch: the slots every row sees, the edge fused
+        stop, tail = max((view.length - n_q + 1 - min_distance) // ALIGN * ALIGN, begin), 0
+    if stop == begin and not tail:
+        return launch_attention(q, view, out=out, lse=lse, prior=prior, min_key=min_key, **kw)
+    rows = -(-min(size, max(stop - begin, tail)) // STAGE_TILE) * STAGE_TILE
+    shape = (view.batch, view.num_kv_heads, rows, view.head_dim)
+    bufs = (torch.empty(shape, dtype=q.dtype, device=q.device),
+            torch.empty(shape, dtype=q.dtype, device=q.device))
     if prior is None and out.dtype == torch.float32 and lse is not None:
-        prior_t = (out, lse)  # the caller's float32 pair carries the chunks in place
+        pair = (out, lse)  # the caller's float32 pair carries the chunks in place
     else:
-        prior_t = prior
-    pair = prior_t or (workspace(tuple(q.shape), q.device),
-                       workspace(tuple(q.shape[:3]), q.device))
-    first = prior is None
-    for s in range(begin, edge, chunk):
-        n = min(chunk, edge - s)  # a multiple of ALIGN
-        launch_stage(view.k, view.spec.key, s, n, k_buf[:, :, :n])
-        launch_stage(view.v, view.spec.value, s, n, v_buf[:, :, :n])
-        part = CacheView(QTensor(k_buf[:, :, :n]), QTensor(v_buf[:, :, :n]), spec,
-                         view.head_dim, view.length - s, dtype=view.dtype)
-        launch_attention(q, part, out=pair[0], lse=pair[1], prior=None if first else pair,
+        pair = prior or (workspace(tuple(q.shape), q.device),
+                         workspace(tuple(q.shape[:3]), q.device))
+    acc = prior
+    for s in range(begin, stop, size):  # multiples of ALIGN: max_key caps the fp16 launch
+        n = min(size, stop - s)
+        part = _stage(view, s, n, bufs)
+        launch_attention(q, part, out=pair[0], lse=pair[1], prior=acc,
                          min_key=max(min_key - s, 0), max_key=n, **kw)
-        first = False
-    return launch_attention(q, view, out=out, lse=lse, prior=pair, min_key=max(min_key, edge),
+        acc = pair
+    if tail:
+        return launch_attention(q, _stage(view, last, tail, bufs), out=out, lse=lse, prior=acc,
+                                min_key=max(min_key - last, 0), **kw)
+    return launch_attention(q, view, out=out, lse=lse, prior=acc, min_key=max(min_key, stop),
                             **kw)
+
+
+def _stage(view: CacheView, start: int, n: int, bufs: tuple[torch.Tensor, torch.Tensor]
+           ) -> CacheView:
+    """Slots `[start, start + n)` of `view` dequantized into the scratch `bufs`, as a plain
+    view whose `length` (`view.length - start`) keeps every query row's position."""
+    from kvtax.attention.stage_launch import STAGE_TILE, launch_stage
+
+    n_pad = -(-n // STAGE_TILE) * STAGE_TILE
+    k, v = (b[:, :, :n_pad] for b in bufs)
+    launch_stage(view.k, view.spec.key, start, n, k)
+    launch_stage(view.v, view.spec.value, start, n, v)
+    spec = KVSpec.of(_FLOAT[k.dtype])
+    return CacheView(QTensor(k), QTensor(v), spec, view.head_dim, view.length - start,
+                     dtype=view.dtype)
