@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtax.attention import launch
+from kvtax.attention import launch, staged
 from kvtax.attention.dispatch import attention, hybrid_prefill_reason
 from kvtax.attention.kernels import prefill
 from kvtax.attention.launch import launch_attention
@@ -34,7 +34,9 @@ def _poison_workspace(monkeypatch):
 
 @pytest.fixture
 def launches(monkeypatch):
-    """The fused path only (tests/support/fused.py): prefill launches counted."""
+    """The fused path only (tests/support/fused.py): prefill launches counted, none staged
+    (tests/attention/test_staged_interp.py covers the staged body)."""
+    monkeypatch.setattr(staged, "STAGE_MIN_ROWS", 2**62)
     return fused_only(monkeypatch, {"prefill": [prefill.prefill_attn_fwd_kernel]})
 
 

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from kvtax.attention import launch, support
+from kvtax.attention import launch, launch_table, support
 from kvtax.attention.triton_api import (
     gluon_swap_reason, launch_config, swap_decode_config, swap_reason, triton_attention,
 )
@@ -127,6 +127,7 @@ def compiled(monkeypatch):
     depends on shapes and formats only; nothing is launched)."""
     monkeypatch.setattr(support, "interpreting", lambda: False)
     monkeypatch.setattr(support, "gluon_swap_kernel", lambda: object())
+    monkeypatch.setattr(launch_table, "sm_count", lambda device: 132)  # an H200's, anywhere
 
 
 @pytest.mark.parametrize("dtype, per_sm", [(F16, 12), (BF16, 8)])
@@ -139,7 +140,12 @@ def test_launch_table_routes_k4c64v4_decode_to_the_gluon_kernel(compiled, dtype,
     cfg = launch_config(q, view)
     assert (cfg.path, cfg.kernel, cfg.block_n) == ("decode", "swap", 32), cfg
     assert cfg == swap_decode_config(q, view, per_sm=per_sm)
-    assert cfg.pdl_launch == (per_sm == 12)  # early only at 12 per SM on a full grid
+    # early only at 12 per SM on a full grid: 4,096 slots make 32 splits of >= 4 tiles, not
+    # the 198 that fill 132 SMs over 8 heads; 32,768 slots fill it
+    assert not cfg.pdl_launch and cfg.num_splits == 32, cfg
+    long = launch_config(q, dataclasses.replace(view, length=32768))
+    assert long.num_splits == per_sm * 132 // 8, long
+    assert long.pdl_launch == (per_sm == 12), long
     # soft-capping and left padding stay with decode_warp (the hybrid masks do not)
     assert launch_config(q, view, softcap=True).kernel == "warp"
     assert launch_config(q, view, masked=True).kernel == "warp"
