@@ -125,20 +125,13 @@ def _reference(q, view):
                                     min_key=p.min_key) for p in view.parts])[0]
 
 
-# At head_dim 64 the tile decode kernel (every 3-bit cache's) is 5-20x less precise than
-# at 128 (H200, 2026-12-04, rel RMS against the float32 reference at 20k slots: q3 4.9e-3,
-# k8v3-g32 4.8e-3; D128 5e-4 - 9e-4); the cause is not located (docs/KERNELS.md, "3-bit codes")
-_D64_TILE = pytest.mark.xfail(strict=True, reason="tile decode at D64: rel RMS 4.9e-3")
-
-
 @pytest.mark.parametrize("ctx", [70, 200, 4097, 20000])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("d", [pytest.param(64, id="64"), 128])
-def test_q3_hybrid_decode(d, dtype, ctx, request):
-    if d == 64 and dtype == torch.float16 and ctx == 20000:
-        request.applymarker(_D64_TILE)
+@pytest.mark.parametrize("d", [64, 128])
+def test_q3_hybrid_decode(d, dtype, ctx):
     """q3 decode through `attention`: fused (one split kernel per part, one reduce), no
-    torch-reference warning, equal to the reference."""
+    torch-reference warning, equal to the reference. (D 64 over 20k slots missed the fp16
+    bound, rel RMS 4.9e-3, while the value fold took the codes' +1024 off after the dot.)"""
     q, cache = _q3(ctx, dtype=dtype, d=d, batch=2)
     view = cache.view()
     assert hybrid_decode_reason(q, view) is None

@@ -312,9 +312,12 @@ def _fold_pv(acc, alpha, p, codes, scale, bias, FMT: tl.constexpr, DTYPE: tl.con
     """
     top = tl.maximum(tl.max(scale, 0), 1e-30)
     pv = (p * (scale / top)[None, :]).to(DTYPE)  # [BLOCK_M, BLOCK_N]
-    o = _dot(pv, codes, IEEE)
     if (FMT == 1 or FMT == 2 or FMT == 6) and DTYPE == tl.float16:
-        o -= 1024.0 * tl.sum(pv.to(tl.float32), 1)[:, None]  # codes carry +1024
+        # the codes carry +1024 (load_codes): take it off before the dot, exactly, not after
+        # it: P.(1024 + c) is ~300x P.c, and its accumulation error, amplified again where
+        # P.(s*c) and P.b nearly cancel, was the tile kernel's head_dim-64 error on an H200
+        codes = codes - 1024.0
+    o = _dot(pv, codes, IEEE)
     acc = acc * alpha[:, None] + top * o
     if FMT != 3:
         acc += tl.sum(p * bias[None, :], 1)[:, None]
