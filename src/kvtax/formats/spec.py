@@ -142,7 +142,7 @@ def parse_format(name: str | KVFormat) -> KVFormat:
     if m["kind"] == "c":
         if base not in ("int4", "int3") or int(group) != BLOCK:
             raise FormatError(f"per-channel block formats are int4-c{BLOCK} and int3-c{BLOCK}, "
-                              f"got {name!r}")
+                              f"got '{base}-c{group}'")
         return ChannelBlockFormat(int(base[3:]))
     if base in ("int8", "int4", "int3"):
         return AffineFormat(int(base[3:]), int(group) if group else 64)
