@@ -219,7 +219,8 @@ def load_codes(p_codes, o_t, m_t, s_ct, HEAD_DIM: tl.constexpr, HALF: tl.constex
     """Raw codes of a tile as DTYPE, for kernels that apply scales after the dot.
 
     Returns lo, hi `[BLOCK_N, HALF]`: value = code + `code_offset(FMT, DTYPE)` for int
-    formats (fp16 skips the subtraction: the caller folds it into the bias term), the
+    formats (fp16 skips the subtraction: the key fold takes it off through the bias term,
+    the value fold before its dot, `common._fold_pv`), the
     decoded e4m3 value for fp8. Masked slots read code 0.
     """
     DH: tl.constexpr = HEAD_DIM // 2
