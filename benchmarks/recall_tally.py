@@ -6,6 +6,13 @@ pool into one table. Per format and context it counts what the baseline recalled
 of those the format kept, and how many the format recalled that the baseline missed. Two
 formats with the same total can differ fact by fact; "kept" is what the docs' tables quote.
 
+A format's lost and gained facts are the discordant pairs of a paired comparison, so the
+table gives McNemar's exact two-sided p: how likely a split at least this uneven is if the
+format recalled as well as the baseline and only which facts flip were chance. Why it
+matters: a 4-bit cache's lost facts move with the kernels' rounding (a key at a code
+boundary takes the other code; docs/QUALITY.md), so "kept" alone is one draw. With more
+than one context, an `all` row pools them.
+
     python benchmarks/recall_tally.py docs/results/2026-12-03-h200-recall-qwen-8seeds/*-s*
     python benchmarks/recall_tally.py RUN [RUN ...] --baseline fp16 --swaps
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -65,15 +73,39 @@ def tally(answers: dict[str, dict[Key, dict]], baseline: str) -> list[dict]:
                 "gained": sum(y and not x for x, y in zip(b, f)),
                 "lost": [k for k, x, y in zip(keys, b, f) if x and not y],
             })
-    return rows
+    return with_pooled(rows)
+
+
+def with_pooled(rows: list[dict]) -> list[dict]:
+    """`rows` with, after each kv's contexts (more than one), an `all` row summing them."""
+    out: list[dict] = []
+    for kv in dict.fromkeys(r["kv"] for r in rows):
+        mine = [r for r in rows if r["kv"] == kv]
+        out += mine
+        if len(mine) > 1:
+            out.append({"kv": kv, "context": "all", "seeds": max(r["seeds"] for r in mine),
+                        **{f: sum(r[f] for r in mine)
+                           for f in ("asked", "base", "right", "kept", "gained")},
+                        "lost": [k for r in mine for k in r["lost"]]})
+    return out
+
+
+def mcnemar_p(lost: int, gained: int) -> float:
+    """Exact two-sided McNemar p for `lost` vs `gained` discordant pairs: twice the
+    binomial(lost + gained, 1/2) tail at the smaller count, at most 1."""
+    n = lost + gained
+    tail = sum(math.comb(n, i) for i in range(min(lost, gained) + 1))
+    return min(1.0, 2 * tail / 2 ** n) if n else 1.0
 
 
 def render(rows: list[dict], baseline: str) -> str:
     lines = [f"| kv | context | seeds | asked | {baseline} right | right | kept of {baseline}'s "
-             f"| gained |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"| gained | p (McNemar) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        p = mcnemar_p(len(r["lost"]), r["gained"])
         lines.append(f"| {r['kv']} | {r['context']} | {r['seeds']} | {r['asked']} | "
-                     f"{r['base']} | {r['right']} | {r['kept']} / {r['base']} | {r['gained']} |")
+                     f"{r['base']} | {r['right']} | {r['kept']} / {r['base']} | {r['gained']} "
+                     f"| {p:.2g} |")
     return "\n".join(lines)
 
 

@@ -37,7 +37,7 @@ def test_pools_runs_and_counts_kept_and_gained(tmp_path, capsys):
     assert rows["fp16"]["kept"] == rows["fp16"]["base"] == 4
     assert recall_tally.main([a, b, "--swaps"]) == 0
     out = capsys.readouterr().out
-    assert "| q4 | 512 | 1 | 4 | 3 | 3 | 2 / 3 | 1 |" in out
+    assert "| q4 | 512 | 1 | 4 | 3 | 3 | 2 / 3 | 1 | 1 |" in out  # one lost, one gained: p 1
     assert "q4 lost: seed 0 context 512 fact 1" in out and "q4 gained: seed 0 context 512 fact 2" in out
 
 
@@ -54,3 +54,25 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert recall_tally.main([a]) == 2  # no fp16 rows to compare with
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("recall_tally: ") for line in err)
+
+
+def test_mcnemar_exact_two_sided():
+    # the discordant pairs of q4's 8-seed Qwen recall (11 lost, 8 gained) and an uneven split
+    assert recall_tally.mcnemar_p(11, 8) == pytest.approx(0.6476, abs=1e-4)
+    assert recall_tally.mcnemar_p(16, 1) == pytest.approx(36 / 2**17)
+    assert recall_tally.mcnemar_p(8, 11) == recall_tally.mcnemar_p(11, 8)
+    assert recall_tally.mcnemar_p(0, 0) == recall_tally.mcnemar_p(2, 2) == 1.0
+    assert recall_tally.mcnemar_p(6, 0) == pytest.approx(2 / 64)
+
+
+def test_contexts_pool_into_an_all_row(tmp_path, capsys):
+    base = [_row("fp16", 0, c, i, True) for c in (512, 1024) for i in range(4)]
+    fmt = ([_row("q4", 0, 512, i, ok) for i, ok in enumerate([0, 0, 1, 1])]
+           + [_row("q4", 0, 1024, i, ok) for i, ok in enumerate([0, 1, 1, 1])])
+    a, b = _run(tmp_path, "base", base), _run(tmp_path, "fmt", fmt)
+    rows = recall_tally.tally(recall_tally.load_answers([a, b]), "fp16")
+    pooled = [r for r in rows if r["kv"] == "q4" and r["context"] == "all"]
+    assert len(pooled) == 1 and (pooled[0]["asked"], pooled[0]["kept"]) == (8, 5)
+    assert len(pooled[0]["lost"]) == 3
+    assert recall_tally.main([a, b]) == 0
+    assert "| q4 | all | 1 | 8 | 8 | 5 | 5 / 8 | 0 | 0.25 |" in capsys.readouterr().out
