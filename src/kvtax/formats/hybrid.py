@@ -11,12 +11,16 @@ Grammar (case-insensitive): `<spec>@s<S>r<R>[i8]`, either number may be left out
   k8v4@s16         16 sinks, no recent window
   k4-c64v4@r64i8   the sinks and recent tokens in int8 instead of fp16 (q4's form on a
                    sliding-window layer, where 64 fp16 tokens would weigh an eighth of a
-                   512-token window)
+                   512-token window). Plain per-token int8, neither centered nor rotated:
+                   where keys carry a large per-channel offset it is the worse part (on
+                   Qwen2.5-Coder-0.5B's global layers `@s4r256i8` doubled q4's KL, layer 0
+                   at 0.5 relative attention error; docs/QUALITY.md)
 
     >>> spec = parse_kv("int4+hk@s4r128")
     >>> spec.base.name, spec.sinks, spec.recent
     ('int4+hk', 4, 128)
-    >>> parse_kv("int8")            # no '@': a plain KVSpec
+    >>> type(parse_kv("int8")).__name__     # no '@': a plain KVSpec
+    'KVSpec'
 """
 
 from __future__ import annotations
