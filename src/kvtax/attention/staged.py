@@ -76,14 +76,13 @@ def staged_launch(
     n_q = q.shape[2]
     kw = dict(scale=scale, softcap=softcap, min_distance=min_distance)
     begin, size = min_key // ALIGN * ALIGN, chunk_slots(view, q.dtype)
-    if view.length - min_distance <= min_key:  # no row sees a key: the fused kernel's empty rows
-        return launch_attention(q, view, out=out, lse=lse, prior=prior, min_key=min_key, **kw)
     last = max((view.length - n_q) // ALIGN * ALIGN, begin)  # [last, length) holds every row
     if view.length - last <= size:  # the causal edge fits one chunk: staged, it writes out
         stop, tail = last, view.length - last
     else:  # a chunk longer than the scratch: the slots every row sees, the edge fused
         stop, tail = max((view.length - n_q + 1 - min_distance) // ALIGN * ALIGN, begin), 0
-    if stop == begin and not tail:
+    # nothing to stage, or no row sees a key (the fused kernel's empty rows): all fused
+    if (stop == begin and not tail) or view.length - min_distance <= min_key:
         return launch_attention(q, view, out=out, lse=lse, prior=prior, min_key=min_key, **kw)
     rows = -(-min(size, max(stop - begin, tail)) // STAGE_TILE) * STAGE_TILE
     shape = (view.batch, view.num_kv_heads, rows, view.head_dim)
