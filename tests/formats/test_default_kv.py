@@ -76,6 +76,27 @@ def test_caches_take_the_default_at_any_head_dim(d: int) -> None:
             FullCache("int8-g64").append(k, v)
 
 
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("short", ["q4", "q3"])
+def test_short_names_run_or_name_a_spec_that_runs(short: str, d: int, caplog) -> None:
+    """q4 / q3 keep keys per channel over 64-token blocks, so 64 must divide head_dim.
+    Elsewhere the refusal comes before any "stored as" warning (there is no group to fit)
+    and the spec it suggests runs at that head_dim."""
+    import re
+
+    model = random_model(_shrunk("tiny", d))
+    prompt = torch.randint(0, 256, (1, 70))
+    if d % 64 == 0:
+        Runner(model, kv=short).generate(prompt, max_new_tokens=2)
+        return
+    with caplog.at_level(logging.WARNING, logger="kvtax"), \
+            pytest.raises(FormatError, match=f"not a multiple of 64.*{short} cannot") as err:
+        Runner(model, kv=short).generate(prompt, max_new_tokens=2)
+    assert not [r for r in caplog.records if "stored as" in r.getMessage()]
+    suggested = re.search(r"e\.g\. '([^']+)'", str(err.value))[1]
+    Runner(model, kv=suggested).generate(prompt, max_new_tokens=2)
+
+
 def _shrunk(name: str, d: int):
     """Built-in config `name` cut to two layers of head_dim d (its family's switches kept)."""
     cfg = get_config(name)

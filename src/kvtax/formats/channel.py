@@ -64,10 +64,16 @@ class ChannelBlockFormat(KVFormat):
     def check(self, head_dim: int) -> None:
         super().check(head_dim)
         if head_dim % self.block:
+            # Name a spec that runs at this head_dim: per-token keys, rotated and centered,
+            # whose group size fit_head_dim takes from head_dim (g32 at 96, g16 at 80).
+            short, alt = (("q4", "int4+hk+ck@s4r128") if self.n_bits == 4
+                          else ("q3", "int3+hk+ck@s4r96"))
             raise FormatError(
                 f"{self.name}: head_dim {head_dim} is not a multiple of {self.block} (each "
-                f"token row holds 1/{self.block} of its block's per-channel scales); use "
-                "int4-g32 keys at this head_dim")
+                f"token row holds 1/{self.block} of its block's per-channel scales), so "
+                f"{short} cannot store this model's keys; use per-token keys, e.g. '{alt}' "
+                "(less accurate than per-channel keys where keys have outlier channels, "
+                "docs/QUALITY.md), or q8")
 
     def code_width(self, head_dim: int) -> int:
         return packed_width(head_dim, self.n_bits)

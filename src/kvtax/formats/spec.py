@@ -95,10 +95,15 @@ def fit_head_dim(spec: "str | KVFormat | KVSpec", head_dim: int) -> "KVSpec":
     the largest group size up to its default 64 that divides head_dim ("int8+hk+ck" at 96
     → "int8-g32+hk+ck"; rotation and centering kept), said once per name and head_dim on
     the "kvtax" logger. An explicit group and a KVFormat / KVSpec object stay as given
-    (`spec.check(head_dim)` then raises FormatError where they do not fit)."""
+    (`spec.check(head_dim)` then raises FormatError where they do not fit); per-channel
+    keys (q4's int4-c64) have no group to fit and raise here where 64 does not divide
+    head_dim."""
     parsed = KVSpec.parse(spec)
     if not isinstance(spec, str) or "-g" in spec.lower():
         return parsed
+    for part in (parsed.key, parsed.value):  # no group to fit: refuse before saying "stored as"
+        if isinstance(part, ChannelBlockFormat):
+            part.check(head_dim)
     fitted = dataclasses.replace(parsed, key=_fit_group(parsed.key, head_dim),
                                  value=_fit_group(parsed.value, head_dim))
     if fitted != parsed and (spec, head_dim) not in _fits_said:
