@@ -10,7 +10,7 @@ import torch
 
 from kvtax.attention.reference import attention_naive
 from kvtax.cache import FullCache, SlidingCache, make_caches
-from kvtax.errors import CapacityError, NonFiniteError, ShapeError
+from kvtax.errors import CapacityError, FormatError, NonFiniteError, ShapeError
 from kvtax.formats import KVSpec
 from tests.support.tensors import assert_close, rand_kv
 
@@ -183,7 +183,7 @@ def test_make_caches_per_layer_formats() -> None:
         ("FullCache", "int8"),
     ]
     assert caches[0].window == 512
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(FormatError, match="outside"):  # bad input: the CLI's one line, exit 2
         make_caches([None], "int8", overrides={3: "fp16"})
 
 

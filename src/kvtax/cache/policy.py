@@ -12,6 +12,7 @@ from kvtax.cache.base import BaseCache
 from kvtax.cache.full import FullCache
 from kvtax.cache.hybrid import HybridCache
 from kvtax.cache.sliding import SlidingCache
+from kvtax.errors import FormatError
 from kvtax.formats import KVSpec
 from kvtax.formats.hybrid import HybridSpec, parse_kv, sliding_form
 
@@ -46,7 +47,8 @@ def make_caches(
     overrides = dict(overrides or {})
     bad = [i for i in overrides if not 0 <= i < len(windows)]
     if bad:
-        raise ValueError(f"overrides name layers {bad} outside 0..{len(windows) - 1}")
+        raise FormatError(f"per-layer formats name layers {bad}, outside this model's layers "
+                          f"0..{len(windows) - 1}")
     caches: list[BaseCache] = []
     for i, window in enumerate(windows):
         if window is None:
