@@ -24,6 +24,21 @@ def test_capacity_prints_tokens_per_format(capsys):
     assert "1.97x" in out and "longest context" in out
 
 
+def test_capacity_takes_the_short_names(capsys):
+    """q4 / q3 (hybrid: fp16 sinks and recent tokens beside a quantized body) were refused
+    with "drop the '@…'", which the user had not typed."""
+    assert main(["capacity", "--model", "llama-3.1-8b", "--reserve", "13.37GiB",
+                 "--kv", "fp16,int4,q4,q3"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split()}
+    # the body weighs int4's 36,864 B per token; 132 fp16 tokens x 32 layers x 8 heads fixed
+    assert rows["k4-c64v4@s4r128"][:5] == ["36,864", "32,768", "2,048", "2,048", "16.50"]
+    assert rows["k4-c64v4@s4r128"][6] == "388,960"  # (budget - 16.5 MiB) / 36,864
+    assert rows["int4"][4] == "-" and "k3-c64v3-g32@s4r96" in rows
+    assert main(["capacity", "--reserve", "1GiB", "--kv", "q4@s4r8"]) == 2
+    assert "write k4-c64v4@s4r8" in capsys.readouterr().err
+
+
 def test_capacity_needs_a_budget(capsys):
     assert main(["capacity", "--model", "tiny"]) == 2
     assert "--reserve" in capsys.readouterr().err

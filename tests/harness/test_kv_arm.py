@@ -30,6 +30,9 @@ def test_cache_and_name_are_what_rows_store() -> None:
     assert arm.cache == "int8+hk:L0=fp16:L8=int4" and arm.name == arm.cache + "/fused"
     assert parse_arm("int4@r64").is_plain is False and parse_arm("int4").is_plain
     assert parse_arm("int8:L0=fp16").is_plain is False
+    # a short name is what it stands for: `kvtax bench --kv q4` once failed as a plain format
+    assert parse_arm("q4").is_plain is False and parse_arm("Q3").is_plain is False
+    assert parse_arm("q8").is_plain
 
 
 @pytest.mark.parametrize("old, new", [
@@ -68,10 +71,11 @@ def test_check_and_fit() -> None:
 
 
 def test_bench_plans_hybrid_and_per_layer_arms_on_the_fused_path_only() -> None:
-    cfg = SweepConfig(model="tiny", kvs=["int8", "int4+hk@s4r16", "int8:L0=fp16"],
+    cfg = SweepConfig(model="tiny", kvs=["int8", "int4+hk@s4r16", "int8:L0=fp16", "q4"],
                       paths=["fused", "unfused"])
     assert cfg.arms() == [("int8", "fused"), ("int4+hk@s4r16", "fused"),
-                          ("int8:L0=fp16", "fused"), ("int8", "unfused")]
+                          ("int8:L0=fp16", "fused"), ("k4-c64v4@s4r128", "fused"),
+                          ("int8", "unfused")]  # a short name runs as what it stands for
     for kvs, level, says in ((["int8/unfused"], "model", "--paths"),
                              (["int4@r8"], "attention", "--level model"),
                              (["int8:L99=fp16"], "model", "outside")):

@@ -56,9 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvtax.cli.validate import check_formats, check_model
+    from kvtax.formats.hybrid import HybridSpec
     from kvtax.harness.analysis import capacity as cap
     from kvtax.harness.dtypes import torch_dtype
-    from kvtax.harness.bench.plan import resolve_kv
 
     if not args.reserve and not args.device_memory and not args.device:
         raise OptionError("give --reserve and/or --device-memory (or --device cuda)")
@@ -66,16 +66,17 @@ def run(args: argparse.Namespace) -> int:
     if args.from_run:
         return _from_run(args.from_run, reserve)
     names = [s.strip() for s in args.kv.split(",") if s.strip()]
-    check_formats(names)
+    check_formats(names, hybrid=True)
     if args.sliding_kv:
-        check_formats([args.sliding_kv], "--sliding-kv")
+        check_formats([args.sliding_kv], "--sliding-kv", hybrid=True)
     try:
         dtype = torch_dtype(args.dtype)
     except ValueError as exc:
         raise OptionError(f"--dtype: {exc}") from None
     cfg = check_model(args.model)
-    specs = [resolve_kv(name, cfg.head_dim) for name in names]  # group sizes fit head_dim
-    sliding = resolve_kv(args.sliding_kv, cfg.head_dim) if args.sliding_kv else None
+    specs = [_resolve(name, cfg.head_dim) for name in names]  # group sizes fit head_dim
+    sliding = _resolve(args.sliding_kv, cfg.head_dim, "--sliding-kv") if args.sliding_kv else None
+    fixed = any(isinstance(s, HybridSpec) for s in specs)
     itemsize = 2 if dtype != torch_dtype("float32") else 4
     weights = cfg.weight_params() * itemsize
     device_bytes = _device_bytes(args)
@@ -83,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg.head_dim}, weights {cap.format_size(weights)} in {args.dtype}"
           + (f"; reservation {cap.format_size(reserve)}" if reserve else "")
           + (f"; device {cap.format_size(device_bytes)}" if device_bytes else ""))
-    head = f"{'format':<10}{'bytes/token':>13}{'codes':>9}{'scales':>8}{'biases':>8}"
+    w = max(10, *(len(s.name) + 1 for s in specs))
+    head = f"{'format':<{w}}{'bytes/token':>13}{'codes':>9}{'scales':>8}{'biases':>8}"
+    if fixed:
+        head += f"{'fixed':>11}"
     if reserve:
         head += f"{'tokens in reserve':>19}{'vs first':>10}"
     if device_bytes:
@@ -93,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
     for spec in specs:
         lay = cap.kv_layout(cfg, spec, dtype, sliding)
         codes, scales, biases = cap.token_parts(cfg, spec, dtype, sliding)
-        line = f"{spec.name:<10}{lay.per_token:>13,}{codes:>9,}{scales:>8,}{biases:>8,}"
+        line = f"{spec.name:<{w}}{lay.per_token:>13,}{codes:>9,}{scales:>8,}{biases:>8,}"
+        if fixed:
+            line += f"{cap.format_size(lay.fixed_bytes) if lay.fixed else '-':>11}"
         if reserve:
             n = cap.tokens_fitting(reserve, lay, args.batch)
             first = first or n
@@ -109,9 +115,26 @@ def run(args: argparse.Namespace) -> int:
     if device_bytes:
         print(f"(the model's trained maximum is {cfg.max_position_embeddings:,} positions; "
               f"overhead kept: {cap.format_size(overhead)})")
+    if fixed:
+        print("(fixed: a hybrid spec's fp16 sinks and recent tokens, int8 with `i8`, over all "
+              "layers once the context holds them; its quantized body stores every token)")
     if cfg.layer_windows().count(None) != cfg.num_layers:
         print("(sliding-window layers are counted at most at their window)")
     return 0
+
+
+def _resolve(name: str, head_dim: int, option: str = "--kv"):
+    """`name` (plain or hybrid: q4, int4+hk@s4r128) with group sizes fitted to head_dim;
+    FormatError naming the option where it cannot store this model's K/V."""
+    from kvtax.errors import FormatError
+    from kvtax.formats.hybrid import fit_kv
+
+    spec = fit_kv(name, head_dim)
+    try:
+        spec.check(head_dim)
+    except FormatError as exc:
+        raise FormatError(f"{option} {name}: {exc}") from None
+    return spec
 
 
 def _device_bytes(args: argparse.Namespace) -> int | None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from kvtax.errors import FormatError
 from kvtax.formats.hybrid import HybridSpec, fit_kv_name, parse_kv
-from kvtax.formats.spec import KVSpec
+from kvtax.formats.spec import KVSpec, expand_short
 
 _LAYER = re.compile(r"^L(\d+)=(.+)$", re.IGNORECASE)
 _OLD_LAYER = re.compile(r"^L\d+:", re.IGNORECASE)
@@ -65,8 +65,9 @@ class KVArm:
 
     @property
     def is_plain(self) -> bool:
-        """True for one plain format in every layer (no overrides, no fp16 sinks/recent)."""
-        return not self.layers and "@" not in self.base
+        """True for one plain format in every layer (no overrides, no fp16 sinks/recent;
+        a short name counts as what it stands for: q4 is hybrid, q8 plain)."""
+        return not self.layers and "@" not in expand_short(self.base)
 
     def sliding(self, sliding_kv: str | None) -> str | None:
         """What `--sliding-kv` gives this arm's sliding-window layers: an arm that stores

@@ -126,3 +126,35 @@ def test_model_bytes_per_token_matches_capacity_layout():
     cfg = get_config("llama-3.1-8b")
     spec = KVSpec.parse("int8")
     assert model_bytes_per_token(cfg, spec, torch.bfloat16) == cap.kv_layout(cfg, spec).per_token
+
+
+@pytest.mark.parametrize("kv", ["q4", "q3", "int4+hk@s4r32"])
+@pytest.mark.parametrize("context", [3, 40, 128, 300])
+def test_hybrid_layout_is_what_the_caches_hold(kv, context):
+    """`kvtax capacity --kv q4`: the body grows with the context, the fp16 sinks / recent
+    window (and q4's int8 recent part on sliding layers) stay fixed. The layout's bytes
+    are what make_caches' caches report as used after `context` tokens, on a model with
+    sliding (window 64) and full layers, in bf16: q4's sliding form is all int8 recent
+    tokens there, q3's a body beside 16 recent ones. (A plain sliding cache counts its
+    ring's working slots as used too; the layout counts the window, as HybridCache does.)"""
+    from kvtax.cache import make_caches
+
+    cfg = get_config("tiny-gemma3")
+    torch.manual_seed(context)
+    caches = make_caches(cfg.layer_windows(), kv)
+    k, v = torch.randn(2, 1, cfg.num_kv_heads, context, cfg.head_dim,
+                       dtype=torch.bfloat16).unbind(0)
+    for c in caches:  # in chunks under the window: a longer chunk widens a plain sliding
+        for i in range(0, context, 16):  # cache's ring (working space it counts as used)
+            c.append(k[:, :, i:i + 16], v[:, :, i:i + 16])
+    assert cap.kv_layout(cfg, kv).bytes_at(context) == sum(c.used_nbytes for c in caches)
+
+
+def test_hybrid_capacity_leaves_the_fixed_parts_out_of_bytes_per_token():
+    cfg = get_config("llama-3.1-8b")
+    q4, int4 = cap.kv_layout(cfg, "q4"), cap.kv_layout(cfg, "int4")
+    assert q4.per_token == int4.per_token == 36864  # int4-c64 keys weigh what int4's do
+    assert q4.fixed_bytes == 32 * 8 * 132 * 2 * 128 * 2  # 4 sinks + 128 recent, fp16 K and V
+    assert cap.token_parts(cfg, "q4") == cap.token_parts(cfg, "int4")
+    budget = cap.parse_size("13.37GiB")
+    assert cap.tokens_fitting(budget, q4) == (budget - q4.fixed_bytes) // 36864  # body: all

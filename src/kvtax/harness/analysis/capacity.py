@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kvtax.formats import KVSpec
+from kvtax.formats.hybrid import HybridSpec, fit_kv, sliding_form
 
 _UNITS = {
     "": 1, "b": 1,
@@ -52,46 +53,84 @@ def format_size(n: float) -> str:
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Bytes one token adds: `full` over global layers; `sliding` (window, bytes) pairs."""
+    """Bytes one token adds: `full` over global layers; `sliding` (window, bytes) pairs;
+    `fixed` (tokens, bytes) pairs: a hybrid spec's fp16 / int8 sinks and recent window,
+    which hold at most that many tokens per layer whatever the context."""
 
     full: int
     sliding: tuple[tuple[int, int], ...] = ()
+    fixed: tuple[tuple[int, int], ...] = ()
 
     def bytes_at(self, context: int) -> int:
         """Resident KV bytes of a `context`-token sequence (batch 1)."""
-        return self.full * context + sum(b * min(context, w) for w, b in self.sliding)
+        return (self.full * context + sum(b * min(context, w) for w, b in self.sliding)
+                + sum(b * min(context, n) for n, b in self.fixed))
 
     @property
     def per_token(self) -> int:
-        """Bytes per token while every layer still grows (context below every window)."""
+        """Bytes per token while every layer still grows (context below every window),
+        the fixed parts left out (their whole size: `fixed_bytes`)."""
         return self.full + sum(b for _, b in self.sliding)
 
+    @property
+    def fixed_bytes(self) -> int:
+        """Bytes of the fixed parts once full (sinks + recent tokens of every layer)."""
+        return sum(b * n for n, b in self.fixed)
 
-def kv_layout(cfg: object, spec: str | KVSpec, dtype: torch.dtype = torch.bfloat16,
-              sliding_spec: str | KVSpec | None = None) -> KVLayout:
-    """KVLayout of a kvtax ModelConfig with K/V stored as `spec` (scales in `dtype`)."""
-    spec = KVSpec.parse(spec)
-    sspec = KVSpec.parse(sliding_spec) if sliding_spec else spec
+
+def _layer_specs(cfg: object, spec: "str | KVSpec | HybridSpec",
+                 sliding_spec: "str | KVSpec | HybridSpec | None"):
+    """(window or None, parsed spec) per layer: sliding layers take `sliding_spec`, else
+    the form `spec`'s short name stores there (q4: k4-c64v4@r64i8), else `spec` itself,
+    as kvtax.cache.make_caches gives them; group sizes fitted to head_dim."""
+    hd = cfg.head_dim  # type: ignore[attr-defined]
+    full = fit_kv(spec, hd)
+    sliding = fit_kv(sliding_spec or sliding_form(full) or full, hd)
+    return [(w, full if w is None else sliding)
+            for w in cfg.layer_windows()]  # type: ignore[attr-defined]
+
+
+def kv_layout(cfg: object, spec: "str | KVSpec | HybridSpec",
+              dtype: torch.dtype = torch.bfloat16,
+              sliding_spec: "str | KVSpec | HybridSpec | None" = None) -> KVLayout:
+    """KVLayout of a kvtax ModelConfig with K/V stored as `spec` (scales in `dtype`). A
+    hybrid spec's body grows with the context; its sinks and recent window are `fixed`
+    (a sliding layer keeps no sinks and at most its window: kvtax.cache.HybridCache)."""
     hd, hkv = cfg.head_dim, cfg.num_kv_heads  # type: ignore[attr-defined]
-    full, sliding = 0, []
-    for w in cfg.layer_windows():  # type: ignore[attr-defined]
-        if w is None:
-            full += spec.bytes_per_token(hd, dtype) * hkv
+    full, sliding, fixed = 0, [], []
+    for w, s in _layer_specs(cfg, spec, sliding_spec):
+        if isinstance(s, HybridSpec):
+            body = s.base.bytes_per_token(hd, dtype) * hkv
+            exempt = fit_kv(s.exempt.name, hd).bytes_per_token(hd, dtype) * hkv
+            if w is None:
+                full += body
+                fixed.append((s.sinks + s.recent, exempt))
+            else:
+                recent = min(s.recent, int(w))
+                if recent < w:  # else every visible key is recent: no body
+                    sliding.append((int(w), body))
+                fixed.append((recent, exempt))
+        elif w is None:
+            full += s.bytes_per_token(hd, dtype) * hkv
         else:
-            sliding.append((int(w), sspec.bytes_per_token(hd, dtype) * hkv))
-    return KVLayout(full, tuple(sliding))
+            sliding.append((int(w), s.bytes_per_token(hd, dtype) * hkv))
+    return KVLayout(full, tuple(sliding), tuple((n, b) for n, b in fixed if n))
 
 
-def token_parts(cfg: object, spec: str | KVSpec, dtype: torch.dtype = torch.bfloat16,
-                sliding_spec: str | KVSpec | None = None) -> tuple[int, int, int]:
+def token_parts(cfg: object, spec: "str | KVSpec | HybridSpec",
+                dtype: torch.dtype = torch.bfloat16,
+                sliding_spec: "str | KVSpec | HybridSpec | None" = None
+                ) -> tuple[int, int, int]:
     """(codes, scales, biases) bytes one token adds over every layer and KV head while
-    every layer still grows: `kv_layout(...).per_token` split by what is stored."""
-    spec = KVSpec.parse(spec)
-    sspec = KVSpec.parse(sliding_spec) if sliding_spec else spec
+    every layer still grows: `kv_layout(...).per_token` split by what is stored (a hybrid
+    spec's body)."""
     hd, hkv = cfg.head_dim, cfg.num_kv_heads  # type: ignore[attr-defined]
     total = [0, 0, 0]
-    for w in cfg.layer_windows():  # type: ignore[attr-defined]
-        s = spec if w is None else sspec
+    for w, s in _layer_specs(cfg, spec, sliding_spec):
+        if isinstance(s, HybridSpec):
+            if w is not None and min(s.recent, int(w)) >= w:
+                continue  # no body on this layer
+            s = s.base
         for fmt in (s.key, s.value):
             for i, b in enumerate(fmt.part_bytes(hd, dtype)):
                 total[i] += b * hkv

@@ -19,22 +19,25 @@ def print_summary(a: Mapping[str, Any], say: Callable[[str], None] = print) -> N
         say("  fp16 arms judged by decode ms/token at the largest context: "
             + ", ".join(f"{arm} {ms:.3f}" for arm, ms in sorted(judged.items(),
                                                                   key=lambda kv: kv[1])))
-    say(f"{'arm':<18}{'t0 ms':>10}{'m ms/1k ctx':>13}{'R2':>8}{'n':>4}{'slope ratio':>13}"
-        f"{'bytes predict':>15}  excluded (flagged)")
     fits = a.get("fits", {})
+    # the arm column fits its longest name (a hybrid one, k4-c64v4@s4r128/fused, is 21)
+    named = (*fits, *a.get("decode_points", {}), *a.get("break_even", {}))
+    w = max([18, *(len(arm) + 2 for arm in named)])
+    say(f"{'arm':<{w}}{'t0 ms':>10}{'m ms/1k ctx':>13}{'R2':>8}{'n':>4}{'slope ratio':>13}"
+        f"{'bytes predict':>15}  excluded (flagged)")
     for arm, fit in fits.items():
         sr = a.get("slope_ratios", {}).get(arm, {})
-        say(f"{arm:<18}{fit['t0']:>10.3f}{fit['m'] * 1e3:>13.4f}{_num(fit['r2'], '.4f'):>8}"
+        say(f"{arm:<{w}}{fit['t0']:>10.3f}{fit['m'] * 1e3:>13.4f}{_num(fit['r2'], '.4f'):>8}"
             f"{fit['n']:>4}{_num(sr.get('measured')):>13}{_num(sr.get('predicted')):>15}  "
             f"{fit['excluded'] or ''}")
     for arm in a.get("decode_points", {}):
         if arm not in fits:
-            say(f"{arm:<18}  no fit: fewer than two unflagged contexts")
+            say(f"{arm:<{w}}  no fit: fewer than two unflagged contexts")
     be = a.get("break_even", {})
     if be:
         say("break-even generated tokens vs baseline (0: never slower; never: never pays back)")
         for arm, per in be.items():
-            say(f"  {arm:<18}" + "  ".join(f"{c}: {v}" for c, v in sorted(per.items())))
+            say(f"  {arm:<{w}}" + "  ".join(f"{c}: {v}" for c, v in sorted(per.items())))
     flagged = a.get("flagged", [])
     if flagged:
         say(f"flagged (excluded from fits), robust CV > {a.get('cv_threshold')}:")
