@@ -68,3 +68,19 @@ def test_roofline_writes_roofline_rows(tmp_path, capsys):
     assert int4[256] < fp16[256] / 2
     assert json.loads((run / "config.json").read_text())["kind"] == "roofline"
     assert "GB/s" in capsys.readouterr().out
+
+
+def test_roofline_times_q4_on_the_fused_path_only(tmp_path):
+    """A short name that stands for a hybrid spec runs (it was refused as 'drop the @'),
+    on the fused path only; its bytes are its body's plus its fp16 sinks and recent part."""
+    assert main(["roofline", "--device", "cpu", "--model", "tiny", "--contexts", "256",
+                 "--kv", "q4,int4", "--paths", "fused,unfused", "--iters", "2",
+                 "--stream-bytes", "8MiB", "--out", str(tmp_path)]) == 0
+    (run,) = list(tmp_path.iterdir())
+    att = {r["arm"]: r for r in read_rows(run) if r["op"] == "attention"}
+    assert set(att) == {"k4-c64v4@s4r128/fused", "int4/fused", "int4/unfused"}
+    q4, int4 = att["k4-c64v4@s4r128/fused"], att["int4/fused"]
+    assert q4["status"] == "ok" and q4["time_s"] > 0
+    # tiny: 2 KV heads x 64, float32 metadata; 132 of the 256 tokens also held in fp16
+    fp16_part = 2 * 132 * 2 * 64 * 2
+    assert q4["bytes_moved"] == int4["bytes_moved"] + fp16_part

@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtax.cli.validate import check_formats, check_model
+    from kvtax.cli.validate import check_formats, check_model, resolve_format
     from kvtax.formats.hybrid import HybridSpec
     from kvtax.harness.analysis import capacity as cap
     from kvtax.harness.dtypes import torch_dtype
@@ -74,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise OptionError(f"--dtype: {exc}") from None
     cfg = check_model(args.model)
-    specs = [_resolve(name, cfg.head_dim) for name in names]  # group sizes fit head_dim
-    sliding = _resolve(args.sliding_kv, cfg.head_dim, "--sliding-kv") if args.sliding_kv else None
+    specs = [resolve_format(name, cfg.head_dim) for name in names]  # group sizes fit head_dim
+    sliding = (resolve_format(args.sliding_kv, cfg.head_dim, "--sliding-kv")
+               if args.sliding_kv else None)
     fixed = any(isinstance(s, HybridSpec) for s in specs)
     itemsize = 2 if dtype != torch_dtype("float32") else 4
     weights = cfg.weight_params() * itemsize
@@ -121,20 +122,6 @@ def run(args: argparse.Namespace) -> int:
     if cfg.layer_windows().count(None) != cfg.num_layers:
         print("(sliding-window layers are counted at most at their window)")
     return 0
-
-
-def _resolve(name: str, head_dim: int, option: str = "--kv"):
-    """`name` (plain or hybrid: q4, int4+hk@s4r128) with group sizes fitted to head_dim;
-    FormatError naming the option where it cannot store this model's K/V."""
-    from kvtax.errors import FormatError
-    from kvtax.formats.hybrid import fit_kv
-
-    spec = fit_kv(name, head_dim)
-    try:
-        spec.check(head_dim)
-    except FormatError as exc:
-        raise FormatError(f"{option} {name}: {exc}") from None
-    return spec
 
 
 def _device_bytes(args: argparse.Namespace) -> int | None:

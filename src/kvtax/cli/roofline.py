@@ -53,9 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Stream and matmul peaks, then each arm's attention against them; one row a point."""
     from kvtax.cli.outcome import report_outcome
-    from kvtax.cli.validate import check_contexts, check_formats, check_model, set_threads
+    from kvtax.cli.validate import (check_contexts, check_formats, check_model,
+                                    resolve_format, set_threads)
     from kvtax.harness.analysis import roofline as rf
-    from kvtax.harness.bench.plan import model_shape, resolve_kv
+    from kvtax.harness.bench.plan import model_shape
     from kvtax.harness.schema import PATHS
     from kvtax.harness.store import RunStore, environment
 
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     cuda = device.type == "cuda"
     contexts = args.contexts or parse_contexts("4k,16k,64k,128k" if cuda else "1k,4k,16k")
     names = [k.strip() for k in args.kv.split(",") if k.strip()]
-    check_formats(names)
+    check_formats(names, hybrid=True)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     unknown = [p for p in paths if p not in PATHS]
     if unknown or not paths:
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     check_contexts(contexts, model_cfg, args.allow_long_context)
     shape = model_shape(args.model)
     assert shape is not None  # check_model found it
-    kvs = [resolve_kv(k, shape[2]).name for k in names]
+    kvs = [resolve_format(k, shape[2]).name for k in names]
     config = {"kind": "roofline", "model": args.model, "device": dev_name, "dtype": str(dtype),
               "contexts": contexts, "kvs": kvs, "paths": paths, "iters": args.iters,
               "layer_shape": list(shape), "argv": sys.argv}
@@ -92,13 +93,14 @@ def run(args: argparse.Namespace) -> int:
     emit({"achieved_tflops": tflops, "peak_tflops": tflops}, op="matmul")
     print(f"streaming: read {bw['read']:.1f} GB/s, copy {bw['copy']:.1f} GB/s; "
           f"matmul {tflops:.2f} TFLOP/s ({dtype})")
-    print(f"{'arm':<16}{'context':>9}{'time us':>11}{'GB/s':>9}{'of peak':>9}{'headroom':>10}")
+    w = max(16, *(len(f"{kv}/{path}") + 1 for kv in kvs for path in paths))
+    print(f"{'arm':<{w}}{'context':>9}{'time us':>11}{'GB/s':>9}{'of peak':>9}{'headroom':>10}")
     for ctx in contexts:
         for kv in kvs:
             for path in paths:
                 if _applies(kv, path):
                     _attention_point(emit, kv, path, ctx, shape, device, dtype, args.iters,
-                                     (peak_gbs, tflops))
+                                     (peak_gbs, tflops), w)
     print(f"rows: {store.rows_path}")
     return report_outcome(store.rows(), "kvtax roofline", "points")
 
@@ -125,7 +127,10 @@ def _device_dtype(args: argparse.Namespace) -> tuple[str, Any, Any]:
 
 def _applies(kv: str, path: str) -> bool:
     """False for arms that do not exist (fp16 path of a quantized format, a baseline of an
-    unquantized one) or that this command does not time (hf-quantized)."""
+    unquantized one, a baseline of a hybrid spec: only kvtax's attention reads its parts)
+    or that this command does not time (hf-quantized)."""
+    if "@" in kv:
+        return path == "fused"
     if path == "fp16":
         return kv == "fp16"
     if path in ("unfused", "dequant"):
@@ -163,7 +168,8 @@ class _Emitter:
 
 
 def _attention_point(emit: _Emitter, kv: str, path: str, ctx: int, shape: Any, device: Any,
-                     dtype: Any, iters: int, peaks: tuple[float, float]) -> None:
+                     dtype: Any, iters: int, peaks: tuple[float, float],
+                     width: int = 16) -> None:
     """Time one arm's decode attention at `ctx` tokens; its row, against the peaks (GB/s,
     TFLOP/s), and a table line. A failure is a row too: one point must not end the sweep."""
     import torch
@@ -177,7 +183,7 @@ def _attention_point(emit: _Emitter, kv: str, path: str, ctx: int, shape: Any, d
     except Exception as exc:  # noqa: BLE001 - the row says what failed
         status = "oom" if is_oom(exc) else "error"
         emit({"status": status, "phase": "attention", "error": repr(exc)[:500]}, **ident)
-        print(f"{kv + '/' + path:<16}{ctx:>9}  {status}: {exc!r:.80}")
+        print(f"{kv + '/' + path:<{width}}{ctx:>9}  {status}: {exc!r:.80}")
         if device.type == "cuda":
             torch.cuda.empty_cache()
         return
@@ -186,6 +192,6 @@ def _attention_point(emit: _Emitter, kv: str, path: str, ctx: int, shape: Any, d
              bandwidth_fraction=m["achieved_gbs"] / peak_gbs,
              compute_headroom=tflops / m["achieved_tflops"])
     emit(m, **ident)
-    print(f"{kv + '/' + path:<16}{ctx:>9}{m['time_s'] * 1e6:>11.1f}"
+    print(f"{kv + '/' + path:<{width}}{ctx:>9}{m['time_s'] * 1e6:>11.1f}"
           f"{m['achieved_gbs']:>9.1f}{m['bandwidth_fraction']:>8.0%}"
           f"{m['compute_headroom']:>9.0f}x")

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from kvtax.cache import FullCache
-from kvtax.formats import KVSpec
+from kvtax.cache.hybrid import HybridCache
+from kvtax.formats.hybrid import HybridSpec, parse_kv
 from kvtax.attention.baselines import attention_for
 
 
@@ -95,9 +96,11 @@ def attention_roofline(
 ) -> dict[str, Any]:
     """One decode-attention call (one query per head) over a `context`-token cache."""
     hq, hkv, d = shape
-    spec = KVSpec.parse(kv)
+    spec = parse_kv(kv)
     gen = torch.Generator(device=device).manual_seed(seed)
-    cache = FullCache(spec, capacity=context)
+    # a hybrid spec (q4): its body holds every token, its fp16 part the sinks and recent ones
+    cache = (HybridCache(spec, capacity=context) if isinstance(spec, HybridSpec)
+             else FullCache(spec, capacity=context))
     step = 8192  # fill in slices so the fp16 K/V never exist for the whole context at once
     for s in range(0, context, step):
         t = min(step, context - s)
