@@ -84,3 +84,14 @@ def test_roofline_times_q4_on_the_fused_path_only(tmp_path):
     # tiny: 2 KV heads x 64, float32 metadata; 132 of the 256 tokens also held in fp16
     fp16_part = 2 * 132 * 2 * 64 * 2
     assert q4["bytes_moved"] == int4["bytes_moved"] + fp16_part
+
+
+def test_demo_shows_the_short_names(capsys):
+    """The default demo includes q8 and q4 (q4: fp16 sinks and recent tokens around
+    per-channel int4 keys); on its synthetic keys with outlier channels q4's attention error
+    is under plain int4's, for fewer than fp16's bytes."""
+    assert main(["demo", "--context", "512", "--heads", "4/2", "--head-dim", "64"]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()
+            if line.split()}
+    assert {"int8+hk+ck", "k4-c64v4@s4r128", "int4"} <= set(rows)
+    assert float(rows["k4-c64v4@s4r128"][-1]) < float(rows["int4"][-1])

@@ -13,9 +13,11 @@ import torch
 
 from kvtax.attention import attention
 from kvtax.cache import FullCache
+from kvtax.cache.hybrid import HybridCache
 from kvtax.cli.options import add_threads
 from kvtax.cli.validate import at_least
 from kvtax.errors import OptionError
+from kvtax.formats.hybrid import HybridSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head-dim", type=at_least(1), default=128, help="head dim (default 128)")
     p.add_argument(
         "--formats",
-        default="fp16,int8,int4,fp8,k8v4",
-        help="comma-separated KV formats (default fp16,int8,int4,fp8,k8v4)",
+        default="fp16,q8,int8,int4,q4,fp8,k8v4",
+        help="comma-separated KV formats or short names (default fp16,q8,int8,int4,q4,fp8,k8v4)",
     )
     p.add_argument("--seed", type=int, default=0, help="random K/V/q seed (default 0)")
     add_threads(p)
@@ -51,14 +53,13 @@ def _heads(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtax.cli.validate import check_formats, set_threads
-    from kvtax.harness.bench.plan import resolve_kv
+    from kvtax.cli.validate import check_formats, resolve_format, set_threads
 
     hq, hkv = _heads(args.heads)
     names = [n.strip() for n in args.formats.split(",") if n.strip()]
-    check_formats(names, "--formats")
+    check_formats(names, "--formats", hybrid=True)
     # Default group sizes fitted to head_dim; an explicit misfit is refused before the header.
-    specs = [resolve_kv(name, args.head_dim) for name in names]
+    specs = [resolve_format(name, args.head_dim, "--formats") for name in names]
     set_threads(args.threads)
     g = torch.Generator().manual_seed(args.seed)
     shape = (1, hkv, args.context, args.head_dim)
@@ -71,18 +72,21 @@ def run(args: argparse.Namespace) -> int:
     ref = _run(FullCache("fp16"), k, v, q)
     print(f"context {args.context}, heads {hq}/{hkv}, head_dim {args.head_dim}, "
           f"{args.queries} query rows; error vs fp16-KV attention")
-    print(f"{'format':<10}{'bytes':>12}{'vs fp16':>9}{'max abs err':>13}{'rel rms err':>13}")
+    w = max(10, *(len(s.name) + 1 for s in specs))
+    print(f"{'format':<{w}}{'bytes':>12}{'vs fp16':>9}{'max abs err':>13}{'rel rms err':>13}")
     for spec in specs:
-        cache = FullCache(spec, capacity=args.context)
+        # a hybrid spec (q4): fp16 sinks and recent tokens beside its quantized body
+        cache = (HybridCache(spec, capacity=args.context) if isinstance(spec, HybridSpec)
+                 else FullCache(spec, capacity=args.context))
         out = _run(cache, k, v, q)
         fp16_bytes = 2 * 2 * k.numel()
         err = (out.float() - ref.float())
         rel = err.pow(2).mean().sqrt() / ref.float().pow(2).mean().sqrt()
-        print(f"{cache.spec.name:<10}{cache.used_nbytes:>12,}{fp16_bytes / cache.used_nbytes:>8.2f}x"
+        print(f"{cache.spec.name:<{w}}{cache.used_nbytes:>12,}{fp16_bytes / cache.used_nbytes:>8.2f}x"
               f"{err.abs().max().item():>13.2e}{rel.item():>13.2e}")
     return 0
 
 
-def _run(cache: FullCache, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def _run(cache: "FullCache | HybridCache", k: torch.Tensor, v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     cache.append(k, v)
     return attention(q, cache.view())
