@@ -51,14 +51,15 @@ def test_layer_kinds_follow_the_config() -> None:
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_resident_bytes_equal_format_arithmetic(family: str, kv: str) -> None:
     """used_nbytes = bytes_per_token × tokens held × KV heads × batch, summed over layers;
-    a sliding layer holds at most window - 1 + prefill_chunk tokens."""
+    a sliding layer counts at most its window (its ring's window - 1 + prefill_chunk slots
+    are allocated, nbytes; the older rows a chunk leaves there no query reads)."""
     model = _model(family)
     cfg = model.config
     batch, tokens, chunk = 2, 23, 5
     cache = KVTaxCache(cfg, kv=kv, prefill_chunk=chunk)
     _run(model, cache, torch.randint(1, 97, (batch, tokens)))
     per = KVSpec.parse(kv).bytes_per_token(cfg.head_dim, torch.float32)
-    held = [tokens if w is None else min(tokens, w - 1 + chunk) for w in layer_windows(cfg)]
+    held = [tokens if w is None else min(tokens, w) for w in layer_windows(cfg)]
     want = sum(per * h * cfg.num_key_value_heads * batch for h in held)
     assert cache.used_nbytes == want
     assert cache.get_seq_length() == tokens

@@ -26,7 +26,8 @@ class BaseCache(ABC):
     """Shared state and checks; subclasses decide where tokens go.
 
     Attributes: `spec` (K/V formats), `length` (tokens seen), `nbytes` (allocated bytes
-    of codes + scales + biases), `used_nbytes` (bytes of the tokens held), and
+    of codes + scales + biases), `used_nbytes` (bytes of the tokens a later query can read:
+    a sliding cache's sinks and window, not the older rows a prefill chunk left), and
     `growth_events` (storage reallocations so far; the harness records whether one fell
     inside a timed window).
 

@@ -74,6 +74,19 @@ class SlidingCache(BaseCache):
     def held_tokens(self) -> int:
         return min(self.length, self.sinks) + min(self.ring_tokens, self.ring)
 
+    @property
+    def used_nbytes(self) -> int:
+        """Bytes of the tokens a later query can read: the sinks and the last `window`. Ring
+        slots beyond the window hold a prefill chunk's older rows, working space that
+        `nbytes` counts; so a decode-time cache of any chunking reports the same bytes, as
+        HybridCache and `kvtax capacity` count them."""
+        if self.store is None:
+            return 0
+        s = self.store
+        per = self.spec.bytes_per_token(s.head_dim, s.dtype)
+        tokens = min(self.length, self.sinks) + min(self.ring_tokens, self.window)
+        return per * s.batch * s.num_kv_heads * tokens
+
     def _allocate(self, k: torch.Tensor) -> Storage:
         b, h, t, d = k.shape
         if self._growable:
