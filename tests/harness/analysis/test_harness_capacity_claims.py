@@ -23,7 +23,7 @@ def test_parse_size_units():
         cap.parse_size("lots")
 
 
-def test_llama31_8b_capacity_at_seed001_reservation():
+def test_llama31_8b_capacity_at_vllms_l4_reservation():
     """fp16 Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 131,072 B/token.
     vLLM reported 109,504 tokens at 13.37 GiB (block-rounded); the bytes give 109,527."""
     cfg = get_config("llama-3.1-8b")

@@ -61,7 +61,7 @@ def test_fit_recovers_slope_through_noise_and_ignores_warmups_and_failures():
     assert fit.r2 > 0.999
 
 
-def _seed000_rows() -> list[dict]:
+def _noisy_cell_rows() -> list[dict]:
     """fp16 slope m, int4 slope m/3.2; the int4 cell at 65,536 is noisy (CV ~0.37) and
     its median sits high enough that a fit through it reads a 2.25x ratio."""
     rng = random.Random(0)
@@ -80,8 +80,8 @@ def _seed000_rows() -> list[dict]:
     return rows
 
 
-def test_seed000_one_noisy_cell_flagged_and_excluded_changes_conclusion_back():
-    rows = _seed000_rows()
+def test_one_noisy_cell_flagged_and_excluded_changes_conclusion_back():
+    rows = _noisy_cell_rows()
     pts = stats.points(rows, cv_threshold=0.10)
     flagged = [(p.arm, p.context) for p in pts if p.flagged]
     assert flagged == [("int4/fused", 65536)]
