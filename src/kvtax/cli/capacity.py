@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtax.cli.validate import check_formats, check_model, resolve_format
+    from kvtax.cli.validate import check_formats, check_model
+    from kvtax.harness.bench.plan import resolve_kv
     from kvtax.formats.hybrid import HybridSpec
     from kvtax.harness.analysis import capacity as cap
     from kvtax.harness.dtypes import torch_dtype
@@ -74,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise OptionError(f"--dtype: {exc}") from None
     cfg = check_model(args.model)
-    specs = [resolve_format(name, cfg.head_dim) for name in names]  # group sizes fit head_dim
-    sliding = (resolve_format(args.sliding_kv, cfg.head_dim, "--sliding-kv")
+    specs = [resolve_kv(name, cfg.head_dim) for name in names]  # group sizes fit head_dim
+    sliding = (resolve_kv(args.sliding_kv, cfg.head_dim, "--sliding-kv")
                if args.sliding_kv else None)
     fixed = any(isinstance(s, HybridSpec) for s in specs)
     itemsize = 2 if dtype != torch_dtype("float32") else 4

@@ -12,12 +12,11 @@ import argparse
 import torch
 
 from kvtax.attention import attention
-from kvtax.cache import FullCache
-from kvtax.cache.hybrid import HybridCache
+from kvtax.cache import FullCache, make_caches
+from kvtax.cache.base import BaseCache
 from kvtax.cli.options import add_threads
 from kvtax.cli.validate import at_least
 from kvtax.errors import OptionError
-from kvtax.formats.hybrid import HybridSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,13 +52,14 @@ def _heads(text: str) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvtax.cli.validate import check_formats, resolve_format, set_threads
+    from kvtax.cli.validate import check_formats, set_threads
+    from kvtax.harness.bench.plan import resolve_kv
 
     hq, hkv = _heads(args.heads)
     names = [n.strip() for n in args.formats.split(",") if n.strip()]
     check_formats(names, "--formats", hybrid=True)
     # Default group sizes fitted to head_dim; an explicit misfit is refused before the header.
-    specs = [resolve_format(name, args.head_dim, "--formats") for name in names]
+    specs = [resolve_kv(name, args.head_dim, "--formats") for name in names]
     set_threads(args.threads)
     g = torch.Generator().manual_seed(args.seed)
     shape = (1, hkv, args.context, args.head_dim)
@@ -75,9 +75,7 @@ def run(args: argparse.Namespace) -> int:
     w = max(10, *(len(s.name) + 1 for s in specs))
     print(f"{'format':<{w}}{'bytes':>12}{'vs fp16':>9}{'max abs err':>13}{'rel rms err':>13}")
     for spec in specs:
-        # a hybrid spec (q4): fp16 sinks and recent tokens beside its quantized body
-        cache = (HybridCache(spec, capacity=args.context) if isinstance(spec, HybridSpec)
-                 else FullCache(spec, capacity=args.context))
+        (cache,) = make_caches([None], spec, capacity=args.context)  # q4: a HybridCache
         out = _run(cache, k, v, q)
         fp16_bytes = 2 * 2 * k.numel()
         err = (out.float() - ref.float())
@@ -87,6 +85,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(cache: "FullCache | HybridCache", k: torch.Tensor, v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def _run(cache: BaseCache, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     cache.append(k, v)
     return attention(q, cache.view())

@@ -53,10 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Stream and matmul peaks, then each arm's attention against them; one row a point."""
     from kvtax.cli.outcome import report_outcome
-    from kvtax.cli.validate import (check_contexts, check_formats, check_model,
-                                    resolve_format, set_threads)
+    from kvtax.cli.validate import check_contexts, check_formats, check_model, set_threads
     from kvtax.harness.analysis import roofline as rf
-    from kvtax.harness.bench.plan import model_shape
+    from kvtax.harness.bench.plan import model_shape, resolve_kv
     from kvtax.harness.schema import PATHS
     from kvtax.harness.store import RunStore, environment
 
@@ -74,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     check_contexts(contexts, model_cfg, args.allow_long_context)
     shape = model_shape(args.model)
     assert shape is not None  # check_model found it
-    kvs = [resolve_format(k, shape[2]).name for k in names]
+    kvs = [resolve_kv(k, shape[2]).name for k in names]
     config = {"kind": "roofline", "model": args.model, "device": dev_name, "dtype": str(dtype),
               "contexts": contexts, "kvs": kvs, "paths": paths, "iters": args.iters,
               "layer_shape": list(shape), "argv": sys.argv}

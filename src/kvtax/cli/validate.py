@@ -99,21 +99,6 @@ def check_formats(names: list[str], option: str = "--kv", allow: tuple[str, ...]
             raise FormatError(f"{option} {name}: {exc}") from None
 
 
-def resolve_format(name: str, head_dim: int, option: str = "--kv"):
-    """`name` (plain or hybrid: q4, int4+hk@s4r128) parsed, with group sizes fitted to
-    head_dim where it names none; FormatError naming `option` where it cannot store K/V
-    of that head_dim."""
-    from kvtax.errors import FormatError
-    from kvtax.formats.hybrid import fit_kv
-
-    spec = fit_kv(name, head_dim)
-    try:
-        spec.check(head_dim)
-    except FormatError as exc:
-        raise FormatError(f"{option} {name}: {exc}") from None
-    return spec
-
-
 def check_arms(text: str | None, option: str = "--kv", allow: tuple[str, ...] = ()) -> list[str]:
     """The arms of `text` (comma-separated, `kvtax.harness.kv_arm` grammar), every format in
     them parsed before a model loads; FormatError (exit 2) names the bad arm (`allow`:

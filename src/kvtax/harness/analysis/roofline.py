@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from kvtax.cache import FullCache
-from kvtax.cache.hybrid import HybridCache
-from kvtax.formats.hybrid import HybridSpec, parse_kv
+from kvtax.cache import make_caches
+from kvtax.formats.hybrid import parse_kv
 from kvtax.attention.baselines import attention_for
 
 
@@ -98,9 +97,7 @@ def attention_roofline(
     hq, hkv, d = shape
     spec = parse_kv(kv)
     gen = torch.Generator(device=device).manual_seed(seed)
-    # a hybrid spec (q4): its body holds every token, its fp16 part the sinks and recent ones
-    cache = (HybridCache(spec, capacity=context) if isinstance(spec, HybridSpec)
-             else FullCache(spec, capacity=context))
+    (cache,) = make_caches([None], spec, capacity=context)  # a hybrid spec (q4): HybridCache
     step = 8192  # fill in slices so the fp16 K/V never exist for the whole context at once
     for s in range(0, context, step):
         t = min(step, context - s)

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvtax.errors import FormatError
-from kvtax.formats import KVSpec, fit_head_dim
+from kvtax.formats import KVSpec
+from kvtax.formats.hybrid import HybridSpec, fit_kv
 from kvtax.harness.kv_arm import KVArm, parse_arm
 from kvtax.harness.schema import PATHS, arm_name, make_cell_id
 
@@ -163,18 +164,19 @@ def model_shape(model: str) -> tuple[int, int, int] | None:
     return cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
 
-def resolve_kv(kv: str, head_dim: int) -> KVSpec:
+def resolve_kv(kv: str, head_dim: int, option: str = "--kv") -> "KVSpec | HybridSpec":
     """A format name made valid for `head_dim`: "int8" on head_dim 32 → "int8-g32"
-    (`kvtax.formats.fit_head_dim`; rotation and centering kept).
+    (`kvtax.formats.fit_head_dim`; rotation and centering kept); a hybrid one (q4,
+    int4+hk@s4r128) has its body fitted, its sinks / recent tokens kept.
 
     Only the default group size is adapted; an explicit `-g<N>` that does not divide
-    head_dim is an error the user should see.
+    head_dim is an error the user should see, naming `option`.
     """
-    spec = fit_head_dim(kv, head_dim)
+    spec = fit_kv(kv, head_dim)
     try:
         spec.check(head_dim)
     except FormatError as exc:
-        raise FormatError(f"--kv {kv}: {exc}") from None
+        raise FormatError(f"{option} {kv}: {exc}") from None
     return spec
 
 
