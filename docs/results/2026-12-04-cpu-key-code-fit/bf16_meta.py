@@ -1,21 +1,12 @@
 """int4-c64 keys with scale and bias stored in float32 vs bfloat16 (what a bf16 model
 stores): RMS and max key error per layer, and the largest |offset| / block range.
 python bf16_meta.py MODEL.gguf TOKENS"""
-import sys, torch, pydoc_data.topics as t
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+import torch
 from kvtax.formats.channel import ChannelBlockFormat
-path, n = sys.argv[1], int(sys.argv[2])
-d, f = path.rsplit("/", 1)
-torch.set_num_threads(1)
-tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-ids = tok(open(t.__file__).read(), return_tensors="pt").input_ids[:, :n]
-cache = DynamicCache()
-with torch.no_grad():
-    m(ids, past_key_values=cache, use_cache=True)
+from keys import layer_keys
+keys = layer_keys()
 fmt = ChannelBlockFormat()
-for i, layer in enumerate(cache.layers):
-    k = layer.keys.float()  # [1, H, T, D]
+for i, k in enumerate(keys):  # k [1, H, T, D]
     kb = k.to(torch.bfloat16).float()
     e32 = fmt.dequantize(fmt.quantize(kb)) - kb
     e16 = fmt.dequantize(fmt.quantize(kb.to(torch.bfloat16))) - kb

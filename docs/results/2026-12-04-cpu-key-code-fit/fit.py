@@ -1,17 +1,9 @@
 """4-bit per-channel key codes over 64-token blocks: MSE of min/max ranges (q4's int4-c64)
 against a least-squares fit of scale and bias (4 alternations) and a searched clipped range,
 per layer on one forward's post-RoPE keys. python fit.py MODEL.gguf TOKENS"""
-import sys, torch, pydoc_data.topics as t
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
-path, n = sys.argv[1], int(sys.argv[2])
-d, f = path.rsplit("/", 1)
-torch.set_num_threads(1)
-tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-ids = tok(open(t.__file__).read(), return_tensors="pt").input_ids[:, :n]
-cache = DynamicCache()
-with torch.no_grad():
-    m(ids, past_key_values=cache, use_cache=True)
+import torch
+from keys import layer_keys
+keys = layer_keys()
 L = 15
 def minmax(g):  # g [..., 64, D] over dim -2
     lo, hi = g.amin(-2, keepdim=True), g.amax(-2, keepdim=True)
@@ -43,8 +35,8 @@ def clip(g):
             best = torch.where(e < be, r, best); be = torch.minimum(e, be)
     return best
 tot = [0, 0, 0]
-for i, layer in enumerate(cache.layers):
-    k = layer.keys.float(); T = k.shape[-2] // 64 * 64
+for i, k in enumerate(keys):  # k [1, H, T, D]
+    T = k.shape[-2] // 64 * 64
     g = k[..., :T, :].unflatten(-2, (-1, 64))
     es = [(f(g) - g).pow(2).mean().item() for f in (lambda g: minmax(g)[0], lsq, clip)]
     tot = [a + b for a, b in zip(tot, es)]

@@ -1,18 +1,10 @@
 """Per layer: int4-c64 key MSE relative to the keys' within-block variance, the median
 range / std of a channel's 64-token block and its kurtosis. python relative.py MODEL.gguf TOKENS"""
-import sys, torch, pydoc_data.topics as t
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
-path, n = sys.argv[1], int(sys.argv[2])
-d, f = path.rsplit("/", 1)
-torch.set_num_threads(1)
-tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-ids = tok(open(t.__file__).read(), return_tensors="pt").input_ids[:, :n]
-cache = DynamicCache()
-with torch.no_grad():
-    m(ids, past_key_values=cache, use_cache=True)
-for i, layer in enumerate(cache.layers):
-    k = layer.keys.float(); T = k.shape[-2] // 64 * 64
+import torch
+from keys import layer_keys
+keys = layer_keys()
+for i, k in enumerate(keys):  # k [1, H, T, D]
+    T = k.shape[-2] // 64 * 64
     g = k[..., :T, :].unflatten(-2, (-1, 64))
     lo, hi = g.amin(-2, keepdim=True), g.amax(-2, keepdim=True)
     s = ((hi - lo) / 15).clamp_min(1e-8)
