@@ -1,5 +1,6 @@
-"""Post-RoPE keys of one float32 forward over the first TOKENS tokens of the usual text
-(CPython's pydoc_data/topics.py), from transformers' DynamicCache: the scripts' input."""
+"""Post-RoPE keys (and values) of one float32 forward over the first TOKENS tokens of the
+usual text (CPython's pydoc_data/topics.py), from transformers' DynamicCache: the scripts'
+input, here and in ../2026-12-04-cpu-gemma-32k-kv-split/."""
 import sys
 
 import pydoc_data.topics as topics
@@ -7,8 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 
-def layer_keys() -> list[torch.Tensor]:
-    """Per layer `[1, H_kv, TOKENS, D]` float32 keys of `sys.argv[1]` (a .gguf) at TOKENS = argv[2]."""
+def forward():
+    """(model, per layer `[1, H_kv, TOKENS, D]` float32 keys, values) for `sys.argv[1]` (a
+    .gguf) at TOKENS = argv[2]."""
     path, n = sys.argv[1], int(sys.argv[2])
     folder, name = path.rsplit("/", 1)
     torch.set_num_threads(1)
@@ -19,4 +21,9 @@ def layer_keys() -> list[torch.Tensor]:
     cache = DynamicCache()
     with torch.no_grad():
         model(ids, past_key_values=cache, use_cache=True)
-    return [layer.keys.float() for layer in cache.layers]
+    return model, [c.keys.float() for c in cache.layers], [c.values.float() for c in cache.layers]
+
+
+def layer_keys() -> list[torch.Tensor]:
+    """Per layer `[1, H_kv, TOKENS, D]` float32 keys (`forward`'s)."""
+    return forward()[1]
