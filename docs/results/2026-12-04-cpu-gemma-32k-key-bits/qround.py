@@ -15,6 +15,7 @@ from kvtax.cache import blocks
 from kvtax.formats.affine import affine_encode
 from kvtax.formats.base import QTensor
 from kvtax.formats.packing import pack
+from rounding import factor, round_forward
 
 DAMP = 0.1  # of H's mean diagonal: the held-out screen's best on Gemma's global layers
 LAYERS = "all"
@@ -42,15 +43,7 @@ def rounded(fmt, x, gram):
     _, scale, bias = affine_encode(g, -2, fmt.levels, x.dtype)  # [B, H, nb, D]
     s = scale.float().unsqueeze(-2).expand_as(g).reshape(b, h, t, d).double()
     lo = bias.float().unsqueeze(-2).expand_as(g).reshape(b, h, t, d).double()
-    hm = gram + DAMP * gram.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None] * torch.eye(d, dtype=gram.dtype)
-    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hm)), upper=True)
-    w = x.double().clone()
-    codes = torch.empty(b, h, t, d, dtype=torch.uint8)
-    for i in range(d):
-        c = ((w[..., i] - lo[..., i]) / s[..., i]).round().clamp(0, fmt.levels)
-        codes[..., i] = c.to(torch.uint8)
-        e = (w[..., i] - (c * s[..., i] + lo[..., i])) / u[..., i, i, None]
-        w[..., i + 1:] -= e[..., None] * u[..., i, None, i + 1:]
+    codes = round_forward(x.double(), lo, s, factor(gram, DAMP), fmt.levels).to(torch.uint8)
     rows = (b, h, t, d // 64)
     return QTensor(pack(codes, fmt.n_bits).contiguous(), scale.reshape(rows).contiguous(),
                    bias.reshape(rows).contiguous())

@@ -19,24 +19,38 @@ def nearest(k: torch.Tensor, levels: int = 15) -> torch.Tensor:
     return torch.round((k - lo) / s).clamp(0, levels) * s + lo
 
 
+def factor(h: torch.Tensor, damp: float) -> torch.Tensor:
+    """h `[..., D, D]` float64 → GPTQ's upper Cholesky factor of (h + damp · mean diag · I)⁻¹."""
+    d = h.shape[-1]
+    h = h + damp * h.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None] * torch.eye(d, dtype=h.dtype)
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+
+
+def round_forward(x: torch.Tensor, lo: torch.Tensor, s: torch.Tensor, u: torch.Tensor,
+                  levels: int) -> torch.Tensor:
+    """Codes `[..., T, D]` (float64) of x on the grid lo + s · c, c in [0, levels] (x, lo, s
+    `[..., T, D]` float64), channel by channel, each channel's rounding error fed forward to
+    the channels after it under u `[..., D, D]` (`factor`)."""
+    w = x.clone()
+    codes = torch.empty_like(w)
+    for i in range(w.shape[-1]):
+        c = ((w[..., i] - lo[..., i]) / s[..., i]).round().clamp(0, levels)
+        codes[..., i] = c
+        e = (w[..., i] - (c * s[..., i] + lo[..., i])) / u[..., i, i, None]
+        w[..., i + 1:] -= e[..., None] * u[..., i, None, i + 1:]
+    return codes
+
+
 def weighted(k: torch.Tensor, h: torch.Tensor, levels: int = 15, damp: float = 0.01,
              order: str | None = None) -> torch.Tensor:
     """k `[T, D]` rounded under h `[D, D]` (float64), damped by `damp` of its mean diagonal;
     order "act": channels with the largest query energy first."""
     lo, s = grid(k, levels=levels)
-    d = k.shape[1]
-    h = h + damp * h.diag().mean() * torch.eye(d, dtype=h.dtype)
-    perm = torch.argsort(h.diag(), descending=True) if order == "act" else torch.arange(d)
-    hp = h[perm][:, perm]
-    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hp)), upper=True)
-    x, lo, s = k[:, perm].double().clone(), lo[:, perm].double(), s[:, perm].double()
-    out = torch.empty_like(x)
-    for i in range(d):
-        out[:, i] = torch.round((x[:, i] - lo[:, i]) / s[:, i]).clamp(0, levels) * s[:, i] + lo[:, i]
-        e = (x[:, i] - out[:, i]) / u[i, i]
-        x[:, i + 1:] -= e[:, None] * u[i, i + 1:][None, :]
-    res = torch.empty_like(out)
-    res[:, perm] = out
+    perm = torch.argsort(h.diag(), descending=True) if order == "act" else torch.arange(k.shape[1])
+    lo, s = lo[:, perm].double(), s[:, perm].double()
+    c = round_forward(k[:, perm].double(), lo, s, factor(h[perm][:, perm], damp), levels)
+    res = torch.empty_like(c)
+    res[:, perm] = c * s + lo
     return res.float()
 
 
