@@ -18,12 +18,11 @@ from tests.support.tensors import assert_close, rand_kv
 FP32 = KVSpec.parse("fp32")
 
 
-def _blocks(k: torch.Tensor) -> torch.Tensor:
+def _blocks(k: torch.Tensor, fmt: ChannelBlockFormat) -> torch.Tensor:
     """Keys `[B, H, n, D]` block-quantized the direct way and decoded (last block padded
     with its last token)."""
     pad = -k.shape[2] % 64
     x = torch.cat([k, k[:, :, -1:].expand(-1, -1, pad, -1)], dim=2) if pad else k
-    fmt = ChannelBlockFormat()
     return fmt.dequantize(fmt.quantize(x))[:, :, :k.shape[2]]
 
 
@@ -34,7 +33,7 @@ def _expected(q, k, v, name: str, window: int | None) -> torch.Tensor:
     n, n_q = k.shape[2], q.shape[2]
     sinks = spec.sinks if window is None else 0
     recent = spec.recent if window is None else min(spec.recent, window)
-    kq, vf = _blocks(k), spec.base.value
+    kq, vf = _blocks(k, spec.base.key), spec.base.value
     vq = vf.dequantize(vf.quantize(v))
     k16, v16 = k.half().float(), v.half().float()
     outs = []
@@ -62,12 +61,24 @@ CASES = [
 
 @pytest.mark.parametrize("window,d,group,chunks", CASES)
 def test_q4_hybrid_matches_per_query_concatenation(window, d, group, chunks) -> None:
+    _check_hybrid("q4", window, d, group, chunks)
+
+
+@pytest.mark.parametrize("window,d,group,chunks", [CASES[1], CASES[2], CASES[4]])
+def test_widest_bit_keys_hybrid_matches_per_query_concatenation(window, d, group, chunks):
+    """int4w-c64 keys (no kernel: attention reads them through the torch reference) in the
+    same hybrid layout as q4's."""
+    _check_hybrid("k4w-c64v4@s4r128", window, d, group, chunks)
+
+
+def _check_hybrid(name: str, window, d, group, chunks) -> None:
+    assert isinstance(parse_kv(name).base.key, ChannelBlockFormat)
     n = sum(chunks)
     gen = torch.Generator().manual_seed(n + d)
     k = rand_kv((1, 2, n, d), outliers=3, gen=gen)
     v = rand_kv((1, 2, n, d), gen=gen)
     q = rand_kv((1, 2 * group, n, d), gen=gen)
-    cache = HybridCache("q4", window=window)
+    cache = HybridCache(name, window=window)
     start = 0
     for t in chunks:  # each chunk's queries right after its K/V, the last 40 checked
         cache.append(k[:, :, start:start + t], v[:, :, start:start + t])
@@ -76,7 +87,7 @@ def test_q4_hybrid_matches_per_query_concatenation(window, d, group, chunks) -> 
             continue  # decoding: the final check below covers these steps' storage
         lo = max(start - t, start - 40)
         got = attention(q[:, :, lo:start], cache.view())
-        want = _expected(q[:, :, lo:start], k[:, :, :start], v[:, :, :start], "q4", window)
+        want = _expected(q[:, :, lo:start], k[:, :, :start], v[:, :, :start], name, window)
         assert_close(got, want, atol=2e-5, rel_rms=2e-6, what=f"after {start} tokens")
     assert cache.length == n and cache.body is not None
 

@@ -58,7 +58,7 @@ def test_names_and_errors():
     assert parse_kv("q8@s4r8").name == "int8+hk+ck@s4r8"
     with pytest.raises(FormatError, match=r"q4 already keeps .* write k4-c64v4@s4r8"):
         parse_kv("q4@s4r8")  # its own suffix is part of the name: say which spelling works
-    with pytest.raises(FormatError, match="int4-c64 and int3-c64, got 'int8-c64'"):
+    with pytest.raises(FormatError, match="int4-c64, int3-c64 and int4w-c64, got 'int8-c64'"):
         parse_format("int8-c64")
     with pytest.raises(FormatError, match="got 'int4-c32'"):  # the K part as a format name
         parse_kv("k4-c32v4@s4r128")

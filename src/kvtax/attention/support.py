@@ -13,6 +13,7 @@ import triton
 from kvtax.attention.kernels.decode import decode_attn_split_kernel
 from kvtax.attention.view import CacheView
 from kvtax.formats import AffineFormat, ChannelBlockFormat, FloatFormat, FP8Format, KVFormat
+from kvtax.formats.widest import WidestBitFormat
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -27,7 +28,10 @@ def format_code(fmt: KVFormat) -> tuple[int, int] | None:
     """(kernel format code, group size) or None when the kernels don't know the format:
     0 float, 1 int8, 2 int4, 3 fp8 e4m3, 4 int4-c64 and 5 int3-c64 (keys only; their
     group is the 64-token block), 6 int3 (3-bit bit planes, per-token groups), group size
-    0 where there are no groups (kernels/dequant.py reads each)."""
+    0 where there are no groups (kernels/dequant.py reads each). int4w-c64's fifth-bit
+    plane has no reader yet: None."""
+    if isinstance(fmt, WidestBitFormat):
+        return None
     if isinstance(fmt, ChannelBlockFormat):
         return (4 if fmt.n_bits == 4 else 5), fmt.block
     if isinstance(fmt, FloatFormat):

@@ -1,5 +1,6 @@
 """KV storage formats: fp16/bf16/fp32, int8/int4 (affine, group-wise), fp8 (e4m3: scale per
-token `fp8`, per tensor `fp8-pt`), int4-c64 keys (per channel over 64-token blocks).
+token `fp8`, per tensor `fp8-pt`), int4-c64 keys (per channel over 64-token blocks), int4w-c64
+keys (int4-c64 plus a fifth bit on each block's widest 3/8 channels).
 
     >>> from kvtax.formats import KVSpec, parse_format
     >>> fmt = parse_format("int4")
@@ -14,6 +15,7 @@ from kvtax.formats.channel import ChannelBlockFormat
 from kvtax.formats.floats import FloatFormat
 from kvtax.formats.fp8 import FP8Format, FP8TensorFormat
 from kvtax.formats.rotation import hadamard, rotate
+from kvtax.formats.widest import WidestBitFormat
 from kvtax.formats.spec import (
     DEFAULT_KV,
     FORMAT_NAMES,
@@ -41,4 +43,5 @@ __all__ = [
     "hadamard",
     "rotate",
     "parse_format",
+    "WidestBitFormat",
 ]

@@ -5,7 +5,9 @@ Grammar (case-insensitive):
             for int formats (aliases: 16 → fp16, 8 → int8, 4 → int4, 3 → int3, fp8_e4m3 →
             fp8; int3 is read by the tile kernels only, docs/KERNELS.md); fp8 has a
             scale per token and head, fp8-pt one per tensor (1.0: vLLM's default fp8);
-            int4-c64 / int3-c64: per channel over 64-token blocks (keys; kvtax.formats.channel)
+            int4-c64 / int3-c64: per channel over 64-token blocks (keys; kvtax.formats.channel);
+            int4w-c64: int4-c64 with a fifth bit on each block's widest 3/8 channels
+            (keys; kvtax.formats.widest; no fused kernel yet)
   spec   := pair [+hk | +hkv] [+ck]       +hk: Hadamard-rotate keys before quantizing;
                                           +hkv: keys and values (kvtax.formats.rotation);
                                           +ck: center keys (subtract one per-channel mean
@@ -30,6 +32,7 @@ from kvtax.formats.base import KVFormat
 from kvtax.formats.channel import BLOCK, ChannelBlockFormat
 from kvtax.formats.floats import FloatFormat
 from kvtax.formats.fp8 import FP8Format, FP8TensorFormat
+from kvtax.formats.widest import WidestBitFormat
 
 ROTATIONS = ("", "k", "kv")
 
@@ -121,8 +124,8 @@ def _fit_group(fmt: KVFormat, head_dim: int) -> KVFormat:
 
 
 FORMAT_NAMES = ("fp16", "bf16", "fp32", "fp8", "fp8-pt", "int8", "int4", "int3")
-_ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "3": "int3", "fp8_e4m3": "fp8",
-            "e4m3": "fp8"}
+_ALIASES = {"16": "fp16", "8": "int8", "4": "int4", "3": "int3", "4w": "int4w",
+            "fp8_e4m3": "fp8", "e4m3": "fp8"}
 _FORMAT_RE = re.compile(r"^(?P<base>[a-z0-9_]+?)(?:-(?P<kind>[gc])(?P<group>\d+))?$")
 _PAIR_RE = re.compile(r"^k(?P<k>[a-z0-9_\-]+?)v(?P<v>[a-z0-9_\-]+)$")
 
@@ -136,7 +139,7 @@ def parse_format(name: str | KVFormat) -> KVFormat:
         return FP8TensorFormat()
     m = _FORMAT_RE.match(text)
     base = _ALIASES.get(m["base"], m["base"]) if m else None
-    if base not in FORMAT_NAMES:
+    if base not in FORMAT_NAMES and not (base == "int4w" and m and m["kind"] == "c"):
         raise FormatError(
             f"unknown KV format {name!r}; valid formats: {', '.join(FORMAT_NAMES)} "
             "(int formats take a group suffix such as int4-g32), a K/V pair like k8v4, "
@@ -145,10 +148,10 @@ def parse_format(name: str | KVFormat) -> KVFormat:
     assert m is not None
     group = m["group"]
     if m["kind"] == "c":
-        if base not in ("int4", "int3") or int(group) != BLOCK:
-            raise FormatError(f"per-channel block formats are int4-c{BLOCK} and int3-c{BLOCK}, "
-                              f"got '{base}-c{group}'")
-        return ChannelBlockFormat(int(base[3:]))
+        if base not in ("int4", "int3", "int4w") or int(group) != BLOCK:
+            raise FormatError(f"per-channel block formats are int4-c{BLOCK}, int3-c{BLOCK} "
+                              f"and int4w-c{BLOCK}, got '{base}-c{group}'")
+        return WidestBitFormat() if base == "int4w" else ChannelBlockFormat(int(base[3:]))
     if base in ("int8", "int4", "int3"):
         return AffineFormat(int(base[3:]), int(group) if group else 64)
     if group:

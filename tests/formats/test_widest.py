@@ -1,0 +1,113 @@
+"""int4w-c64: int4-c64 keys plus a fifth bit on each block's widest 3/8 channels."""
+
+import pytest
+import torch
+
+from kvtax.errors import FormatError
+from kvtax.formats import ChannelBlockFormat, KVSpec, WidestBitFormat, parse_format
+from kvtax.formats.hybrid import parse_kv
+from kvtax.formats.packing import unpack
+
+
+def _oracle(x: torch.Tensor) -> torch.Tensor:
+    """Per 64-token block: the 3D/8 channels of largest max - min (ties to the lower
+    channel) on a 5-bit min/max grid, the rest on int4-c64's 4-bit one."""
+    out = torch.empty_like(x, dtype=torch.float32)
+    d = x.shape[-1]
+    for b0 in range(0, x.shape[-2], 64):
+        blk = x[..., b0:b0 + 64, :].float()
+        lo, hi = blk.amin(-2, keepdim=True), blk.amax(-2, keepdim=True)
+        levels = torch.full_like(lo, 15.0)
+        for i in range(lo.shape[0]):
+            for j in range(lo.shape[1]):
+                rng = (hi - lo)[i, j, 0].tolist()
+                order = sorted(range(d), key=lambda c: (-rng[c], c))[:3 * d // 8]
+                levels[i, j, 0, order] = 31.0
+        scale = ((hi - lo) / levels).to(x.dtype).float()
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        lo = lo.to(x.dtype).float()
+        code = ((blk - lo) / scale).round().clamp(min=0).minimum(levels)
+        out[..., b0:b0 + 64, :] = code * scale + lo
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_matches_oracle_and_layout(dtype, d):
+    torch.manual_seed(d)
+    x = (torch.randn(2, 3, 192, d) * torch.linspace(0.1, 5, d)).to(dtype)
+    x[0, 0, :64, :8] = 1.0  # a constant channel block: scale 1, never selected
+    fmt = WidestBitFormat()
+    q = fmt.quantize(x)
+    r = 3 * d // 8
+    assert q.codes.shape == (2, 3, 192, d // 2 + r // 8 + -(-r // 64))
+    assert q.scales.shape == (2, 3, 192, d // 64)
+    torch.testing.assert_close(fmt.dequantize(q), _oracle(x), rtol=0, atol=0)
+    # channel indices of block 1 of (1, 2): row u holds slot u + 64 m in byte m, ascending
+    rows = q.codes[1, 2, 64:128, d // 2 + r // 8:]
+    idx = rows.T.flatten()[:r].long()
+    rng = x[1, 2, 64:128].float().amax(0) - x[1, 2, 64:128].float().amin(0)
+    assert torch.equal(idx, torch.sort(torch.argsort(rng, descending=True, stable=True)[:r]).values)
+    # the selected channels' scales are range / 31, the others' range / 15 (int4-c64's)
+    c4 = ChannelBlockFormat().quantize(x)
+    sel = torch.zeros(d, dtype=torch.bool)
+    sel[idx] = True
+    s, s4 = q.scales[1, 2].flatten()[d:2 * d], c4.scales[1, 2].flatten()[d:2 * d]
+    assert torch.equal(s[~sel], s4[~sel])
+    nib = torch.cat([q.codes[1, 2, 64:128, :d // 2] & 0xF, q.codes[1, 2, 64:128, :d // 2] >> 4], -1)
+    assert torch.equal(nib[:, ~sel], unpack(c4.codes[1, 2, 64:128], 4, d)[:, ~sel])
+    torch.testing.assert_close(s[sel].float(), (rng[sel] / 31).to(dtype).float(), rtol=0, atol=0)
+    assert fmt.bytes_per_token(d, dtype) == (d // 2 + r // 8 + -(-r // 64)
+                                             + 2 * (d // 64) * x.element_size())
+
+
+def test_fifth_bit_plane_and_less_error_than_int4_c64():
+    torch.manual_seed(1)
+    x = torch.randn(1, 2, 128, 64) * torch.linspace(0.1, 5, 64)
+    fmt = WidestBitFormat()
+    q = fmt.quantize(x)
+    # one hand-decoded code: channel idx[j] of token t is nibble + 16 * bit j of the plane
+    t, j = 70, 5
+    idx = q.codes[0, 1, 64:128, 32 + 3:].T.flatten()[:24].long()
+    c = int(idx[j])
+    nib = (q.codes[0, 1, t, c % 32] >> (4 * (c // 32))) & 0xF
+    bit = (q.codes[0, 1, t, 32 + j % 3] >> (j // 3)) & 1
+    scale, bias = q.scales[0, 1].flatten()[64 + c], q.biases[0, 1].flatten()[64 + c]
+    want = (int(nib) + 16 * int(bit)) * scale + bias
+    assert fmt.dequantize(q)[0, 1, t, c] == want
+    c4 = ChannelBlockFormat()
+    err = (fmt.dequantize(q) - x).pow(2).mean()
+    err4 = (c4.dequantize(c4.quantize(x)) - x).pow(2).mean()
+    assert err < 0.6 * err4
+
+
+def test_read_any_range_and_index():
+    x = torch.randn(1, 2, 256, 128)
+    fmt = WidestBitFormat()
+    q = fmt.quantize(x)
+    full = fmt.dequantize(q)
+    for a, b in [(0, 1), (10, 100), (63, 65), (64, 128), (200, 256)]:
+        torch.testing.assert_close(fmt.read(q, a, b), full[..., a:b, :], rtol=0, atol=0)
+    idx = torch.tensor([255, 3, 64, 130])
+    torch.testing.assert_close(fmt.read_index(q, idx), full[..., idx, :], rtol=0, atol=0)
+
+
+def test_names_errors_and_no_kernel():
+    from kvtax.attention.support import format_code
+
+    spec = KVSpec.parse("k4w-c64v4")
+    assert spec.key == WidestBitFormat() and spec.name == "k4w-c64v4"
+    assert parse_format("int4w-c64") == WidestBitFormat() != ChannelBlockFormat()
+    assert parse_kv("k4w-c64v4@s4r128").name == "k4w-c64v4@s4r128"
+    assert spec.bytes_per_token(256) == 158 + 144  # Gemma-3's head_dim: keys 0.62 B/element
+    with pytest.raises(FormatError, match="got 'int4w-c32'"):
+        parse_format("int4w-c32")
+    with pytest.raises(FormatError, match="unknown KV format"):
+        parse_format("int4w")
+    with pytest.raises(FormatError, match="not a multiple of 64"):
+        WidestBitFormat().check(96)
+    with pytest.raises(FormatError, match="over 256"):
+        WidestBitFormat().check(320)
+    with pytest.raises(FormatError, match="whole blocks"):
+        WidestBitFormat().quantize(torch.randn(1, 1, 10, 64))
+    assert format_code(WidestBitFormat()) is None  # attention takes the torch reference
