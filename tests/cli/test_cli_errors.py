@@ -92,6 +92,8 @@ def _cases(f: dict[str, Path]) -> dict[str, tuple[list[str], int, str]]:
         "capacity-bad-kv": (["capacity", "--reserve", "1GiB", "--kv", "fp16,int9"], BAD_INPUT,
                             "--kv int9"),
         "demo-bad-format": (["demo", "--formats", "fp16,int9"], BAD_INPUT, "--formats int9"),
+        "bench-values-per-channel": (["bench", "--level", "attention", "--kv", "int4w-c64"],
+                                     BAD_INPUT, "int4w-c64 is a key format"),
         "roofline-contexts-abc": (["roofline", "--contexts", "abc"], BAD_INPUT,
                                   "not 'abc'"),
         "bench-reps-0": (["bench", "--reps", "0"], BAD_INPUT, "--reps: must be >= 1, got 0"),

@@ -110,4 +110,6 @@ def test_names_errors_and_no_kernel():
         WidestBitFormat().check(320)
     with pytest.raises(FormatError, match="whole blocks"):
         WidestBitFormat().quantize(torch.randn(1, 1, 10, 64))
+    with pytest.raises(FormatError, match=r"int4w-c64 is a key format .* e\.g\. k4w-c64v4"):
+        KVSpec.parse("int4w-c64")  # values per channel: refused when the spec is named
     assert format_code(WidestBitFormat()) is None  # attention takes the torch reference

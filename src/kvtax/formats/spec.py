@@ -225,9 +225,9 @@ class KVSpec:
             return cls(parse_format(parts["key"]), parse_format(parts["value"]))
         pair = _PAIR_RE.match(text)
         if pair and text not in FORMAT_NAMES:
-            return cls(parse_format(pair["k"]), parse_format(pair["v"]))
+            return _values_per_token(cls(parse_format(pair["k"]), parse_format(pair["v"])))
         fmt = parse_format(text)
-        return cls(fmt, fmt)
+        return _values_per_token(cls(fmt, fmt))
 
     @classmethod
     def of(cls, key: str | KVFormat, value: str | KVFormat | None = None) -> "KVSpec":
@@ -257,6 +257,15 @@ class KVSpec:
 
     def __str__(self) -> str:
         return self.name
+
+
+def _values_per_token(spec: KVSpec) -> KVSpec:
+    """spec, or FormatError where its values are in a per-channel block format: a named
+    spec says so before any cache or benchmark cell is built (caches refuse it too)."""
+    if isinstance(spec.value, ChannelBlockFormat):
+        raise FormatError(f"{spec.value.name} is a key format (per channel over token blocks); "
+                          f"store values per token, e.g. k{_short(spec.key)}v4")
+    return spec
 
 
 def _short(fmt: KVFormat) -> str:
