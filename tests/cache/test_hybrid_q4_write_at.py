@@ -1,8 +1,8 @@
-"""Hybrid caches (q4 and kin) written one token at a device position (`write_at` +
-`advance`, the CUDA-graph decode step): every part's storage and the attention output
-equal eager appends', bit for bit; with the fused kernels (Triton's interpreter on CPU)
-reading the device lengths from a view whose host length is frozen, as a captured graph's
-is, the output matches too."""
+"""Hybrid caches (q4 and kin, int4w-c64 keys among them) written one token at a device
+position (`write_at` + `advance`, the CUDA-graph decode step): every part's storage and the
+attention output equal eager appends', bit for bit; with the fused kernels (Triton's
+interpreter on CPU) reading the device lengths from a view whose host length is frozen, as
+a captured graph's is, the output matches too."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.support.device import DEVICE, HAS_CUDA
 from tests.support.kernels import TOLERANCE
 from tests.support.tensors import assert_close, rand_kv
 
-SPECS = ["q4", "k4-c64v4+hk+ck@s4r128", "k3-c64v4@s4r128"]
+SPECS = ["q4", "k4-c64v4+hk+ck@s4r128", "k3-c64v4@s4r128", "k4w-c64v4@s4r128"]
 
 
 def _data(n: int, d: int = 64, dtype=torch.float32, seed: int = 0, device="cpu"):
