@@ -74,7 +74,10 @@ FRACS = [float(f) for f in (sys.argv[4] if len(sys.argv) > 4 else
                             "0.03125,0.0625,0.125,0.25,0.5").split(",")]
 for f in FRACS:  # a fifth bit on this fraction of each block's channels, the widest
     arms[f"+1b top {f:g}"] = (lambda r: lambda k: top(k, r, 5))(round(f * D))
-if len(sys.argv) <= 4:
+if len(sys.argv) > 4:  # the same channels for the whole sequence: block 0's widest
+    for f in FRACS:
+        arms[f"+1b top {f:g} fixed"] = (lambda r: lambda k: top(k, r, 5, fixed=True))(round(f * D))
+else:
     for f in FRACS[:3]:  # int8 on the widest channels
         arms[f"8b top {f:g}"] = (lambda r: lambda k: top(k, r, 8))(round(f * D))
     arms["+1b top 0.125 fixed"] = lambda k: top(k, D // 8, 5, fixed=True)
