@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kvtax.errors import FormatError
-from kvtax.formats import ChannelBlockFormat, KVSpec, parse_format
+from kvtax.formats import ChannelBlockFormat, KVSpec, WidestBitFormat, parse_format
 from kvtax.formats.hybrid import parse_kv
 
 
@@ -37,9 +37,9 @@ def test_matches_oracle_and_layout(dtype, d):
     assert fmt.bytes_per_token(d, dtype) == d // 2 + 2 * (d // 64) * x.element_size()
 
 
-def test_read_any_range_and_index():
+@pytest.mark.parametrize("fmt", [ChannelBlockFormat(), WidestBitFormat()], ids=lambda f: f.name)
+def test_read_any_range_and_index(fmt):
     x = torch.randn(1, 2, 256, 128)
-    fmt = ChannelBlockFormat()
     q = fmt.quantize(x)
     full = fmt.dequantize(q)
     for a, b in [(0, 1), (10, 100), (63, 65), (64, 128), (200, 256)]:

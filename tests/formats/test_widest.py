@@ -81,17 +81,6 @@ def test_fifth_bit_plane_and_less_error_than_int4_c64():
     assert err < 0.6 * err4
 
 
-def test_read_any_range_and_index():
-    x = torch.randn(1, 2, 256, 128)
-    fmt = WidestBitFormat()
-    q = fmt.quantize(x)
-    full = fmt.dequantize(q)
-    for a, b in [(0, 1), (10, 100), (63, 65), (64, 128), (200, 256)]:
-        torch.testing.assert_close(fmt.read(q, a, b), full[..., a:b, :], rtol=0, atol=0)
-    idx = torch.tensor([255, 3, 64, 130])
-    torch.testing.assert_close(fmt.read_index(q, idx), full[..., idx, :], rtol=0, atol=0)
-
-
 def test_names_errors_and_no_kernel():
     from kvtax.attention.support import format_code
 

@@ -98,19 +98,21 @@ class AffineFormat(KVFormat):
         return x.flatten(-2).to(dtype)
 
 
-def affine_encode(g: torch.Tensor, dim: int, levels: int, dtype: torch.dtype
+def affine_encode(g: torch.Tensor, dim: int, levels: int | torch.Tensor, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MLX's affine code of float32 `g` over its axis `dim` (a group): uint8 codes shaped
     like g, and scale, bias (g without `dim`) in `dtype`: scale = (max - min) / levels
     (1 where a group is constant), bias = min. Scale and bias are rounded to `dtype` first
     and the codes chosen against the rounded values, so dequantize reproduces exactly what
-    the codes were chosen for."""
+    the codes were chosen for. `levels` may be a float tensor shaped like the groups' scale
+    (a level count per group: int4w-c64's 31 or 15 per channel)."""
     lo, hi = g.amin(dim), g.amax(dim)
     scale = ((hi - lo) / levels).to(dtype)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     bias = lo.to(dtype)
     q = ((g - bias.float().unsqueeze(dim)) / scale.float().unsqueeze(dim)).round_()
-    return q.clamp_(0, levels).to(torch.uint8), scale, bias
+    top = levels.unsqueeze(dim) if isinstance(levels, torch.Tensor) else levels
+    return q.clamp_(min=0).clamp_(max=top).to(torch.uint8), scale, bias
 
 
 def _largest_divisor(head_dim: int) -> int:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from kvtax.errors import FormatError
+from kvtax.formats.affine import affine_encode
 from kvtax.formats.base import QTensor
 from kvtax.formats.channel import ChannelBlockFormat
 from kvtax.formats.packing import pack, unpack
@@ -90,11 +91,7 @@ class WidestBitFormat(ChannelBlockFormat):
         idx = torch.sort(torch.argsort(hi - lo, dim=-1, descending=True, stable=True)[..., :r],
                          dim=-1).values                             # [..., nb, R]
         levels = torch.full_like(lo, 15.0).scatter_(-1, idx, 31.0)
-        scale = ((hi - lo) / levels).to(x.dtype)
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        bias = lo.to(x.dtype)
-        c = ((g - bias.float().unsqueeze(-2)) / scale.float().unsqueeze(-2)).round_()
-        c = c.clamp_(min=0).minimum(levels.unsqueeze(-2)).to(torch.uint8)  # [..., nb, 64, D]
+        c, scale, bias = affine_encode(g, -2, levels, x.dtype)      # c [..., nb, 64, D]
         fifth = torch.gather(c >> 4, -1, idx.unsqueeze(-2).expand(*idx.shape[:-1], self.block, r))
         slots = torch.zeros(*lead, nb, n_idx * self.block, dtype=torch.uint8, device=x.device)
         slots[..., :r] = idx.to(torch.uint8)  # slot u + 64·m → row u, byte m
