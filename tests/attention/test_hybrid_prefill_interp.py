@@ -47,6 +47,7 @@ CASES = [
     ("q4", 64, 7, 150, 20, None),
     ("q4", 128, 4, 333, 70, None),    # the fp16 ring has wrapped (filled in two chunks)
     ("k4-c64v4@s4r16", 64, 2, 197, 33, None),
+    ("k4w-c64v4@s4r128", 64, 4, 333, 70, None),
     ("int4-g32+hk@s4r16", 64, 4, 90, 24, None),   # rotated keys: q H for the body
     ("int8@s2r8", 64, 2, 70, 30, 24),             # a sliding layer: the body is a ring
     ("k4-c64v4@r64i8", 64, 2, 333, 70, 200),      # q4 on a sliding layer: an int8 ring

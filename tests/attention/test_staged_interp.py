@@ -38,7 +38,7 @@ def launches(monkeypatch):
 
 @pytest.mark.parametrize("spec,d", [
     ("int8", 64), ("int4", 128), ("int4-g16", 80), ("fp8", 64), ("int3-g32", 96),
-    ("k4-c64v4", 64), ("k3-c64v3-g32", 128), ("int8+hk+ck", 64),
+    ("k4-c64v4", 64), ("k3-c64v3-g32", 128), ("int8+hk+ck", 64), ("k4w-c64v4", 128),
 ])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_stage_matches_read(spec, d, dtype):
@@ -65,6 +65,7 @@ PLAIN = [
     ("int8+hk+ck", 128, 4, 455, 130),
     ("int4+hkv", 64, 1, 400, 40),
     ("k4-c64v4", 64, 7, 520, 33),
+    ("k4w-c64v4", 256, 2, 330, 40),
     ("k3-c64v3-g32", 128, 2, 390, 64),
     ("fp8", 256, 2, 300, 20),
     ("int4-g16", 80, 2, 333, 17),
@@ -103,7 +104,8 @@ def test_staged_prefill_softcap_and_scale(launches):
 
 @pytest.mark.parametrize("spec,g,ctx,n_q", [("q4", 2, 700, 150), ("k4-c64v4@s4r16", 7, 461, 40),
                                             ("int4-g32+hk@s4r16", 4, 400, 24),
-                                            ("k4-c64v4@s4r300", 2, 356, 100)])
+                                            ("k4-c64v4@s4r300", 2, 356, 100),
+                                            ("k4w-c64v4@s4r128", 4, 600, 100)])
 def test_staged_hybrid_body(spec, g, ctx, n_q, launches):
     """A hybrid cache's body stages its chunks; the fp16 ring part merges last. With 300
     recent tokens the first 48 rows see no body key: the chunks chain empty rows."""

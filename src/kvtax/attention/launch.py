@@ -240,6 +240,9 @@ class _Args:
         self.qk_scale, self.cap_log2, self.softcap = qk_scale, cap_log2, softcap
         self.k_fmt, k_gs = format_code(view.spec.key)  # type: ignore[misc]
         self.v_fmt, v_gs = format_code(view.spec.value)  # type: ignore[misc]
+        if self.k_fmt == 7 and cfg.block_n > view.spec.key.block:  # type: ignore[attr-defined]
+            raise ShapeError(f"{view.spec.key.name} keys take tiles of at most 64 slots, "
+                             f"not {cfg.block_n}")
         kc, ks, kb = storage_parts(view.k)
         vc, vs, vb = storage_parts(view.v)
         self.common = dict(

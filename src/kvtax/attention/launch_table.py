@@ -17,7 +17,7 @@ their row below and share one workspace and one reduce (`launch.launch_parts_dec
     int8 K and V                → warp, two pipeline stages (8% faster than three)
     otherwise (int4-c64 keys with other values too)
                                 → warp, defaults
-  otherwise (3-bit K or V always: `support.three_bit_reason`)
+  otherwise (3-bit K or V, int4w-c64 keys: `support.three_bit_reason`, `widest_reason`)
                                 → tile (decode.py: up to 128 packed rows, 4-8 warps)
 Prefill (longer chunks): tiles by query dtype and head dim (`_prefill_config`).
 """
@@ -35,6 +35,7 @@ from kvtax.attention.support import (
 )
 from kvtax.attention.view import CacheView
 from kvtax.formats import AffineFormat, ChannelBlockFormat, FP8Format
+from kvtax.formats.widest import WidestBitFormat
 
 MAX_DECODE_ROWS = 16  # query rows served by the decode kernels
 MAX_DECODE_TILE = 128  # G * L rows packed into one decode program
@@ -117,7 +118,9 @@ def decode_rows(q: torch.Tensor, view: CacheView) -> bool:
 def _prefill_config(q: torch.Tensor, view: CacheView) -> LaunchConfig:
     """prefill.py's tiles: float32 queries small tiles; D = 80, 96 (per-dim scale
     gathers need registers) 8 warps; D <= 128 wide 128 x 128 tiles, 64 x 128 over 4 warps
-    for int4-c64 keys; D 256 64 x 64; 3-bit K or V `_three_bit_prefill_config`.
+    for int4-c64 keys; D 256 64 x 64; 3-bit K or V `_three_bit_prefill_config`; int4w-c64
+    keys 64 x 64 (their fifth bits are read a 64-slot block per tile; speed not yet
+    measured on a GPU).
 
     int4-c64 keys (a scale and bias per channel and 64-slot block, so each thread holds
     its columns' vectors for the tile's two blocks and the next tile's) measured 35%
@@ -130,6 +133,8 @@ def _prefill_config(q: torch.Tensor, view: CacheView) -> LaunchConfig:
         return LaunchConfig("prefill", 64, 64, 8, 2)
     if three_bit_reason(view) is not None:
         return _three_bit_prefill_config(half)
+    if isinstance(view.spec.key, WidestBitFormat):  # a tile lies in one block (widest.py)
+        return LaunchConfig("prefill", 64, 64, 4, 2)
     if half <= 64 and isinstance(view.spec.key, ChannelBlockFormat):
         return LaunchConfig("prefill", 64, 128, 4, 3)
     if half <= 64:

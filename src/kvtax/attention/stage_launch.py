@@ -26,7 +26,7 @@ def launch_stage(qt, fmt: KVFormat, start: int, n: int, out: torch.Tensor) -> to
     b, h, n_pad, d = out.shape
     if code is None or n_pad % STAGE_TILE or n_pad < n or out.stride(-1) != 1:
         raise ShapeError(f"cannot stage {n} slots of {fmt.name} into {tuple(out.shape)}")
-    if code[0] in (4, 5) and start % 64:
+    if code[0] in (4, 5, 7) and start % 64:
         raise ShapeError(f"{fmt.name} stages from a 64-slot block boundary, not {start}")
     kc, ks, kb = storage_parts(qt)
     stage_slots_kernel[(n_pad // STAGE_TILE, b * h)](

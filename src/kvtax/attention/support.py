@@ -26,12 +26,11 @@ def interpreting() -> bool:
 
 def format_code(fmt: KVFormat) -> tuple[int, int] | None:
     """(kernel format code, group size) or None when the kernels don't know the format:
-    0 float, 1 int8, 2 int4, 3 fp8 e4m3, 4 int4-c64 and 5 int3-c64 (keys only; their
-    group is the 64-token block), 6 int3 (3-bit bit planes, per-token groups), group size
-    0 where there are no groups (kernels/dequant.py reads each). int4w-c64's fifth-bit
-    plane has no reader yet: None."""
+    0 float, 1 int8, 2 int4, 3 fp8 e4m3, 4 int4-c64, 5 int3-c64 and 7 int4w-c64 (keys
+    only; their group is the 64-token block), 6 int3 (3-bit bit planes, per-token groups),
+    group size 0 where there are no groups (kernels/dequant.py reads each)."""
     if isinstance(fmt, WidestBitFormat):
-        return None
+        return 7, fmt.block
     if isinstance(fmt, ChannelBlockFormat):
         return (4 if fmt.n_bits == 4 else 5), fmt.block
     if isinstance(fmt, FloatFormat):
@@ -54,6 +53,14 @@ def three_bit_reason(view: CacheView) -> str | None:
     for part, fmt in (("key", view.spec.key), ("value", view.spec.value)):
         if is_three_bit(fmt):
             return f"{part} format {fmt.name}: 3-bit codes are read by the tile kernel"
+    return None
+
+
+def widest_reason(view: CacheView) -> str | None:
+    """Why the one-warp and swap decode kernels refuse this cache's int4w-c64 keys (their
+    fifth bits are read by the tile kernels alone, kernels/widest.py), or None."""
+    if isinstance(view.spec.key, WidestBitFormat):
+        return f"key format {view.spec.key.name}: fifth bits are read by the tile kernel"
     return None
 
 
@@ -118,11 +125,11 @@ def warp_reason(view: CacheView) -> str | None:
     """None when decode_warp.py serves this cache: head dim a power of two from 32 to
     256, 8- or 4-bit integer formats with at most one scale group per half row (group >=
     D/2) and packed scale rows (int4-c64 keys: `channel_keys_reason`'s). Otherwise the
-    tile kernel (decode.py) runs (3-bit codes always)."""
+    tile kernel (decode.py) runs (3-bit codes and int4w-c64 keys always)."""
     d = view.head_dim
     if d & (d - 1) or not 32 <= d <= 256:
         return f"head_dim {d} is not a power of two in [32, 256]"
-    reason = three_bit_reason(view)
+    reason = three_bit_reason(view) or widest_reason(view)
     if reason is not None:
         return reason
     for part, fmt, qt in (("key", view.spec.key, view.k), ("value", view.spec.value, view.v)):
@@ -151,7 +158,7 @@ def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     int4-c64 (block metadata as `channel_keys_reason` takes it; a 32-slot step lies in
     one 64-slot block). 3-bit formats are the tile kernel's (`is_three_bit`)."""
     n_q, h_q, d = q.shape[2], q.shape[1], view.head_dim
-    reason = three_bit_reason(view)
+    reason = three_bit_reason(view) or widest_reason(view)
     if reason is not None:
         return reason
     if q.dtype not in (torch.float16, torch.bfloat16):

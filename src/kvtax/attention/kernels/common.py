@@ -12,6 +12,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from kvtax.attention.kernels.dequant import (
     code_offset, load_block_meta, load_codes, load_kv_tile, load_meta,
 )
+from kvtax.attention.kernels.widest import fifth_bit_scores
 
 
 @triton.jit
@@ -147,12 +148,12 @@ def tile_meta(p_ks, p_kb, p_vs, p_vb, start, num_slots, s_km, s_vm,
               HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
               K_FMT: tl.constexpr, K_GS: tl.constexpr, V_FMT: tl.constexpr,
               V_GS: tl.constexpr):
-    """K and V scales/biases of the tile at `start` (8 tensors, see `load_meta`; int4-c64
-    and int3-c64 keys: `load_block_meta`'s per-block vectors)."""
+    """K and V scales/biases of the tile at `start` (8 tensors, see `load_meta`; int4-c64,
+    int3-c64 and int4w-c64 keys: `load_block_meta`'s per-block vectors)."""
     o_n = start + tl.arange(0, BLOCK_N)
     m_n = o_n < num_slots
     o_t = o_n.to(tl.int64)
-    if K_FMT == 4 or K_FMT == 5:
+    if K_FMT == 4 or K_FMT == 5 or K_FMT == 7:
         ks_lo, kb_lo, ks_hi, kb_hi = load_block_meta(p_ks, p_kb, start, num_slots, HEAD_DIM,
                                                      BLOCK_N)
     else:
@@ -196,7 +197,7 @@ def attn_step(acc_lo, acc_hi, m_i, l_i, q_lo, q_hi, q_pos, start, num_slots, len
     o_n = start + tl.arange(0, BLOCK_N)
     m_n = o_n < num_slots
     o_t = o_n.to(tl.int64)
-    if FOLD_K and (K_FMT == 4 or K_FMT == 5):
+    if FOLD_K and (K_FMT == 4 or K_FMT == 5 or K_FMT == 7):
         s = _fold_qk_blocks(q_lo, q_hi, p_kc, o_t, m_n, s_kc, ks_lo, kb_lo, ks_hi, kb_hi,
                             HEAD_DIM, HALF, K_FMT, IEEE)
     elif FOLD_K:
@@ -328,9 +329,10 @@ def _fold_pv(acc, alpha, p, codes, scale, bias, FMT: tl.constexpr, DTYPE: tl.con
 def _fold_qk_blocks(q_lo, q_hi, p_kc, o_t, m_n, s_kc, s_lo, b_lo, s_hi, b_hi,
                     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, FMT: tl.constexpr,
                     IEEE: tl.constexpr):
-    """Scores `[BLOCK_M, BLOCK_N]` of int4-c64 / int3-c64 keys (FMT 4 / 5) in a tile inside
-    one 64-slot block:
-    q.(s * c + b) = (q * s).c + q.b, with s, b `[1, HALF]` per channel (`load_block_meta`).
+    """Scores `[BLOCK_M, BLOCK_N]` of int4-c64 / int3-c64 / int4w-c64 keys (FMT 4 / 5 / 7)
+    in a tile inside one 64-slot block:
+    q.(s * c + b) = (q * s).c + q.b, with s, b `[1, HALF]` per channel (`load_block_meta`);
+    int4w-c64's fifth bits add (q * s).(16 * fifth) (`widest.fifth_bit_scores`).
 
     Why: a decode tile has BLOCK_M (16) query rows but BLOCK_N (32-64) key rows, so
     scaling the queries costs a quarter of dequantizing the keys, and q.b is one number
@@ -346,4 +348,6 @@ def _fold_qk_blocks(q_lo, q_hi, p_kc, o_t, m_n, s_kc, s_lo, b_lo, s_hi, b_hi,
     qb = tl.sum(q_lo.to(tl.float32) * b_lo.to(tl.float32), 1)
     qb += tl.sum(q_hi.to(tl.float32) * b_hi.to(tl.float32), 1)
     qb -= off * (tl.sum(qs_lo.to(tl.float32), 1) + tl.sum(qs_hi.to(tl.float32), 1))
+    if FMT == 7:
+        s += fifth_bit_scores(qs_lo, qs_hi, p_kc, o_t, m_n, s_kc, HEAD_DIM, IEEE)
     return s + qb[:, None]

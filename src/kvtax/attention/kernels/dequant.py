@@ -14,12 +14,16 @@ Format codes (constexpr): 0 float (fp16/bf16/fp32 rows), 1 int8 affine, 2 int4 a
 (split halves), 3 fp8 e4m3 with one scale per row (codes passed as uint8), 4 int4-c64
 keys (int4's split-halves codes; one scale and bias per channel per 64-slot block,
 kvtax.formats.channel, read by `load_block_meta`), 5 int3-c64 keys (code 4's block
-metadata, 3-bit codes), 6 int3 affine (code 2's per-token groups, 3-bit codes). 3-bit
-codes are kvtax.formats.packing's two bit planes, unpacked by `_int3_codes`.
+metadata, 3-bit codes), 6 int3 affine (code 2's per-token groups, 3-bit codes), 7
+int4w-c64 keys (code 4 plus a fifth bit on each block's widest channels, kernels/widest.py;
+tiles of at most 64 slots). 3-bit codes are kvtax.formats.packing's two bit planes,
+unpacked by `_int3_codes`.
 """
 
 import triton
 import triton.language as tl
+
+from kvtax.attention.kernels.widest import fifth_key_bits
 
 
 @triton.jit
@@ -144,7 +148,7 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
     # float32
     MATH: tl.constexpr = (tl.float16 if DTYPE == tl.float16 else
                           tl.bfloat16 if DTYPE == tl.bfloat16 and (
-                              FMT == 2 or FMT == 4 or FMT == 5 or FMT == 6)
+                              FMT == 2 or FMT == 4 or FMT == 5 or FMT == 6 or FMT == 7)
                           else tl.float32)
     o_d = tl.arange(0, HALF)
     m = m_t[:, None] & (o_d < DH)[None, :]
@@ -153,6 +157,12 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
         byte = tl.load(p_row + o_d[None, :], mask=m, other=0)  # [BLOCK_N, HALF] uint8
         c_lo = _codes_to(byte & 0xF, MATH)
         c_hi = _codes_to(byte >> 4, MATH)
+    elif FMT == 7:  # 5-bit codes 0..31: exact in fp16 and bf16
+        tl.static_assert(BLOCK_N <= 64, "int4w-c64 tiles lie in one 64-slot block")
+        byte = tl.load(p_row + o_d[None, :], mask=m, other=0)
+        f_lo, f_hi = fifth_key_bits(p_codes, o_t, m_t, s_ct, HEAD_DIM)
+        c_lo = _codes_to(byte & 0xF, MATH) + 16.0 * f_lo.to(MATH)
+        c_hi = _codes_to(byte >> 4, MATH) + 16.0 * f_hi.to(MATH)
     elif FMT == 5 or FMT == 6:
         i_lo, i_hi = _int3_codes(p_row, o_d, m_t, m, HEAD_DIM, HALF)
         c_lo = _codes_to(i_lo, MATH)
@@ -176,7 +186,7 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
     elif FMT == 3:
         lo = c_lo * s_lo.to(MATH)[:, None]
         hi = c_hi * s_lo.to(MATH)[:, None]
-    elif FMT == 4 or FMT == 5:  # s_lo..b_hi are load_block_meta's per-block vectors
+    elif FMT == 4 or FMT == 5 or FMT == 7:  # s_lo..b_hi: load_block_meta's block vectors
         lo = c_lo * expand_blocks(s_lo, BLOCK_N, DH, MATH) + expand_blocks(b_lo, BLOCK_N, DH, MATH)
         hi = c_hi * expand_blocks(s_hi, BLOCK_N, DH, MATH) + expand_blocks(b_hi, BLOCK_N, DH, MATH)
     elif HALF == DH:
@@ -206,7 +216,8 @@ def _codes_to(c, DT: tl.constexpr):
 @triton.jit
 def code_offset(FMT: tl.constexpr, DTYPE: tl.constexpr):
     """The constant `load_codes` adds to every code (1024 on the fp16 fast path)."""
-    if (FMT == 1 or FMT == 2 or FMT == 4 or FMT == 5 or FMT == 6) and DTYPE == tl.float16:
+    if (FMT == 1 or FMT == 2 or FMT == 4 or FMT == 5 or FMT == 6 or FMT == 7) and \
+            DTYPE == tl.float16:
         off = 1024.0
     else:
         off = 0.0
@@ -221,13 +232,14 @@ def load_codes(p_codes, o_t, m_t, s_ct, HEAD_DIM: tl.constexpr, HALF: tl.constex
     Returns lo, hi `[BLOCK_N, HALF]`: value = code + `code_offset(FMT, DTYPE)` for int
     formats (fp16 skips the subtraction: the key fold takes it off through the bias term,
     the value fold before its dot, `common._fold_pv`), the
-    decoded e4m3 value for fp8. Masked slots read code 0.
+    decoded e4m3 value for fp8. Masked slots read code 0. int4w-c64 (FMT 7): the low 4
+    bits only (its fifth bits fold in through `widest.fifth_bit_scores`).
     """
     DH: tl.constexpr = HEAD_DIM // 2
     o_d = tl.arange(0, HALF)
     m = m_t[:, None] & (o_d < DH)[None, :]
     p_row = p_codes + o_t[:, None] * s_ct
-    if FMT == 2 or FMT == 4:
+    if FMT == 2 or FMT == 4 or FMT == 7:
         byte = tl.load(p_row + o_d[None, :], mask=m, other=0)
         c_lo = byte & 0xF
         c_hi = byte >> 4

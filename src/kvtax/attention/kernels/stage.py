@@ -26,8 +26,9 @@ def stage_slots_kernel(
     """Grid (cdiv(n_pad, BLOCK_N), B * H_kv): one tile of slots of one (batch, KV head).
 
     Codes / Scales / Biases: one QTensor's parts `[B, H_kv, slots, width]` (kernel format
-    code FMT, group GS; int4-c64 / int3-c64 keys' metadata block-aligned and packed, as
-    `support.channel_keys_reason` requires, and `start` a multiple of 64 for them).
+    code FMT, group GS; int4-c64 / int3-c64 / int4w-c64 keys' metadata block-aligned and
+    packed, as `support.channel_keys_reason` requires, and `start` a multiple of 64 for
+    them).
     """
     b = tl.program_id(1) // n_kv_heads
     h = tl.program_id(1) % n_kv_heads
@@ -38,7 +39,7 @@ def stage_slots_kernel(
     o_n = first + tl.arange(0, BLOCK_N)
     m_n = o_n < start + n
     o_t = o_n.to(tl.int64)
-    if FMT == 4 or FMT == 5:
+    if FMT == 4 or FMT == 5 or FMT == 7:
         s_lo, b_lo, s_hi, b_hi = load_block_meta(p_s, p_b, first, start + n, HEAD_DIM, BLOCK_N)
     else:
         s_lo, b_lo, s_hi, b_hi = load_meta(p_s, p_b, o_t, m_n, s_m_t, HEAD_DIM, HALF, BLOCK_N,
