@@ -66,8 +66,8 @@ def test_q4_hybrid_matches_per_query_concatenation(window, d, group, chunks) -> 
 
 @pytest.mark.parametrize("window,d,group,chunks", [CASES[1], CASES[2], CASES[4]])
 def test_widest_bit_keys_hybrid_matches_per_query_concatenation(window, d, group, chunks):
-    """int4w-c64 keys (no kernel: attention reads them through the torch reference) in the
-    same hybrid layout as q4's."""
+    """int4w-c64 keys (the tile kernels on CUDA, the torch reference on CPU) in the same
+    hybrid layout as q4's."""
     _check_hybrid("k4w-c64v4@s4r128", window, d, group, chunks)
 
 

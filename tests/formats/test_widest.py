@@ -81,9 +81,7 @@ def test_fifth_bit_plane_and_less_error_than_int4_c64():
     assert err < 0.6 * err4
 
 
-def test_names_errors_and_no_kernel():
-    from kvtax.attention.support import format_code
-
+def test_names_and_errors():
     spec = KVSpec.parse("k4w-c64v4")
     assert spec.key == WidestBitFormat() and spec.name == "k4w-c64v4"
     assert parse_format("int4w-c64") == WidestBitFormat() != ChannelBlockFormat()
@@ -101,4 +99,3 @@ def test_names_errors_and_no_kernel():
         WidestBitFormat().quantize(torch.randn(1, 1, 10, 64))
     with pytest.raises(FormatError, match=r"int4w-c64 is a key format .* e\.g\. k4w-c64v4"):
         KVSpec.parse("int4w-c64")  # values per channel: refused when the spec is named
-    assert format_code(WidestBitFormat()) is None  # attention takes the torch reference
