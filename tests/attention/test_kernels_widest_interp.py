@@ -17,7 +17,9 @@ import torch
 
 from kvtax.attention import launch
 from kvtax.attention.support import format_code, swap_reason, warp_reason
-from kvtax.attention.triton_api import LaunchConfig, launch_config, triton_attention
+from kvtax.attention.triton_api import (
+    LaunchConfig, launch_config, triton_attention, warp_decode_config,
+)
 from kvtax.errors import ShapeError
 from tests.attention.test_kernels_lse_interp import check_lse
 from tests.support import kernels as ke
@@ -114,16 +116,40 @@ def test_lse_and_hybrid_masks(d, g, ctx, n_q, dtype, md, mk):
     check_lse(q, view, min_distance=md, min_key=mk, what=f"D{d}-L{n_q}")
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
-def test_launch_table_routes_widest_keys(d):
-    """Decode: the tile kernel, folded, tiles inside one block (the one-warp and swap
-    kernels do not read fifth bits); prefill: 64-slot tiles."""
-    q, view = widest_view("int4", d=d, h_kv=1, group=4, ctx=70, n_q=1)
+@pytest.mark.parametrize("d, value, kernel", [
+    (64, "int4", "warp"), (128, "int4", "warp"), (256, "int4", "tile"),
+    (128, "int4-g32", "tile"), (64, "int8", "warp"),
+])
+def test_launch_table_routes_widest_keys(d, value, kernel):
+    """Decode: decode_warp where the values fit it (one scale group per half row), else the
+    tile kernel, folded, tiles inside one block; never the swap kernels, which do not read
+    fifth bits. Prefill: 64-slot tiles."""
+    q, view = widest_view(value, d=d, h_kv=1, group=4, ctx=70, n_q=1)
     assert format_code(view.spec.key) == (7, 64)
     cfg = launch_config(q, view)
-    assert (cfg.path, cfg.kernel, cfg.fold) == ("decode", "tile", True), cfg
-    assert cfg.block_n <= 64
-    assert "fifth bits" in warp_reason(view) and "fifth bits" in swap_reason(q, view)
-    q, view = widest_view("int4", d=d, h_kv=1, group=4, ctx=70, n_q=40, dtype=BF16)
+    assert (cfg.path, cfg.kernel) == ("decode", kernel), cfg
+    assert cfg.block_n <= 64 and (cfg.fold or kernel == "warp")
+    assert (warp_reason(view) is None) == (kernel == "warp")
+    assert "fifth bits" in swap_reason(q, view)
+    q, view = widest_view(value, d=d, h_kv=1, group=4, ctx=70, n_q=40, dtype=BF16)
     cfg = launch_config(q, view)
     assert cfg.path == "prefill" and cfg.block_n <= 64, cfg
+
+
+@pytest.mark.parametrize("value, n_q, block_n, dtype", [
+    ("int4", 1, 16, F16), ("int4", 3, 32, BF16), ("int4", 1, 64, F16), ("int8", 2, 32, F16),
+    ("fp16", 1, 32, F16), ("int4", 1, 32, F32),
+])
+def test_warp_kernel(value, n_q, block_n, dtype):
+    """decode_warp.py with int4w-c64 keys: the selected channels' q * s gathered, the
+    fifth bits folded into the scores (masked and unmasked tiles: ctx 200 ends mid-tile)."""
+    q, view = widest_view(value, d=64, h_kv=2, group=4, ctx=200, n_q=n_q, dtype=dtype,
+                          seed=block_n + n_q)
+    cfg = warp_decode_config(q, view, block_n=block_n)
+    assert cfg.kernel == "warp"
+    check(q, view, config=cfg, what=f"warp-{value}-n{block_n}-L{n_q}")
+
+
+def test_warp_kernel_hybrid_masks():
+    q, view = widest_view("int4", d=128, h_kv=1, group=4, ctx=300, n_q=1, seed=9)
+    check_lse(q, view, min_distance=128, min_key=4, kind="warp16", what="warp body part")

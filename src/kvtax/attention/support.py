@@ -57,10 +57,11 @@ def three_bit_reason(view: CacheView) -> str | None:
 
 
 def widest_reason(view: CacheView) -> str | None:
-    """Why the one-warp and swap decode kernels refuse this cache's int4w-c64 keys (their
-    fifth bits are read by the tile kernels alone, kernels/widest.py), or None."""
+    """Why the swap decode kernels refuse this cache's int4w-c64 keys (their fifth bits are
+    read by the tile and one-warp kernels, kernels/widest.py), or None."""
     if isinstance(view.spec.key, WidestBitFormat):
-        return f"key format {view.spec.key.name}: fifth bits are read by the tile kernel"
+        return (f"key format {view.spec.key.name}: fifth bits are read by the tile and "
+                "one-warp kernels")
     return None
 
 
@@ -125,11 +126,11 @@ def warp_reason(view: CacheView) -> str | None:
     """None when decode_warp.py serves this cache: head dim a power of two from 32 to
     256, 8- or 4-bit integer formats with at most one scale group per half row (group >=
     D/2) and packed scale rows (int4-c64 keys: `channel_keys_reason`'s). Otherwise the
-    tile kernel (decode.py) runs (3-bit codes and int4w-c64 keys always)."""
+    tile kernel (decode.py) runs (3-bit codes always)."""
     d = view.head_dim
     if d & (d - 1) or not 32 <= d <= 256:
         return f"head_dim {d} is not a power of two in [32, 256]"
-    reason = three_bit_reason(view) or widest_reason(view)
+    reason = three_bit_reason(view)
     if reason is not None:
         return reason
     for part, fmt, qt in (("key", view.spec.key, view.k), ("value", view.spec.value, view.v)):

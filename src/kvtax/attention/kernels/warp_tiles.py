@@ -125,7 +125,7 @@ def tile_operands(p_codes, o_n, m_n, s_ct, HEAD_DIM: tl.constexpr, FMT: tl.const
     o_d = tl.arange(0, DH)
     p_row = p_codes + o_n[:, None].to(tl.int64) * s_ct + o_d[None, :]
     m = None if m_n is None else m_n[:, None]
-    if FMT == 2 or FMT == 4:
+    if FMT == 2 or FMT == 4 or FMT == 7:  # int4w-c64: its nibbles (fifth bits: widest.py)
         byte = _load(p_row, m)
         if ASM:
             lo, hi = _int4_asm(byte)
