@@ -254,6 +254,46 @@ def int3_cases(full: bool):
             lambda: launch.launch_parts_decode(parts, torch.empty_like(q)))
 
 
+def widest_cases(full: bool):
+    """int4w-c64 keys (format code 7: fifth bits through one-hot dots in the tile kernels,
+    gathered in decode_warp): `k4w-c64v4` at D 64 / 128 / 256 in each query dtype through
+    the launch table (decode_warp at D 64 / 128, the tile kernel at D 256), the tile
+    decode kernel forced, prefill (with `full`), staging, and `k4w-c64v4@s4r128`'s fused
+    hybrid decode."""
+    from kvtax.attention import launch, triton_api as ta
+    from kvtax.attention.stage_launch import launch_stage
+    from kvtax.attention.view import CacheView
+    from kvtax.cache.hybrid import HybridCache
+    from kvtax.formats import KVSpec
+
+    kv = KVSpec.parse("k4w-c64v4")
+    for d in (64, 128, 256):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            k = torch.randn(1, 2, 320, d, dtype=dtype)
+            view = CacheView(kv.key.quantize(k), kv.value.quantize(k), kv, head_dim=d,
+                             length=300, dtype=dtype)
+            for n_q in (1, 300) if full else (1,):
+                q = torch.randn(1, 8, n_q, d, dtype=dtype)
+                yield (f"widest k4w-c64v4 D{d} G4 L{n_q} {dtype}",
+                       lambda q=q, v=view: ta.triton_attention(q, v))
+            q = torch.randn(1, 8, 1, d, dtype=dtype)
+            yield (f"widest k4w-c64v4 D{d} G4 L1 {dtype} tile",
+                   lambda q=q, v=view: ta.triton_attention(q, v, config=ta.tile_decode_config(q, v)))
+            out = torch.empty(1, 2, 256, d, dtype=dtype)
+            yield f"widest stage D{d} {dtype}", lambda v=view, out=out: launch_stage(
+                v.k, v.spec.key, 0, 256, out)
+    for dtype in (torch.float16, torch.bfloat16):
+        cache = HybridCache("k4w-c64v4@s4r128", max_chunk=320)
+        for part in cache.parts:
+            part.fused_store = False
+        k = torch.randn(1, 2, 320, 128, dtype=dtype)
+        cache.append(k, k)
+        q = torch.randn(1, 8, 1, 128, dtype=dtype)
+        parts = [(q, p.view, p.min_distance, p.min_key) for p in cache.view().parts]
+        yield f"parts k4w D128 G4 L1 {dtype} pdl", lambda q=q, parts=parts: _with_all_pdl(
+            lambda: launch.launch_parts_decode(parts, torch.empty_like(q)))
+
+
 def sweep_cases():
     """benchmarks/attention.py's decode sweep variants (launch options differ)."""
     import attention as bench  # benchmarks/attention.py (the script's folder is on the path)
@@ -398,8 +438,8 @@ def _resources(kernel) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, default=90)
-    p.add_argument("--only", choices=["attention", "int3", "staged", "swap", "sweep", "store",
-                                      "gemv"],
+    p.add_argument("--only", choices=["attention", "int3", "widest", "staged", "swap", "sweep",
+                                      "store", "gemv"],
                    default=None)
     p.add_argument("--full", action="store_true", help="also the prefill path")
     p.add_argument("-v", action="store_true", help="print tracebacks")
@@ -424,6 +464,8 @@ def main() -> int:
         cases += list(c64_swap_cases())
     if args.only in (None, "attention", "int3"):
         cases += list(int3_cases(args.full))
+    if args.only in (None, "attention", "widest"):
+        cases += list(widest_cases(args.full))
     if args.only in (None, "attention", "staged"):
         cases += list(staged_cases())
     if args.only == "swap":
