@@ -146,7 +146,7 @@ def hybrid_cases(full: bool):
     """triton_attention_lse over a hybrid cache's parts (kvtax.attention.hybrid): the
     quantized body with the min_distance / min_key masks and the fp16 sink/recent ring,
     both returning the log-sum-exp (decode kernels + reduce; with `full`, prefill)."""
-    from kvtax.attention import launch, triton_api as ta
+    from kvtax.attention import triton_api as ta
     from kvtax.cache.hybrid import HybridCache
 
     grid = [(s, d, 1, dt) for s in ("int4-g32+hk@s4r128", "int8@s4r128")
@@ -166,13 +166,26 @@ def hybrid_cases(full: bool):
             yield name, lambda q=q, p=part: ta.triton_attention_lse(
                 q, p.view, min_distance=p.min_distance, min_key=p.min_key)
     # q4's fused decode (one shared workspace, one reduce), the body beside the fp16 part
+    yield from parts_decode_cases("q4", "q4", torch_store=False)
+
+
+def parts_decode_cases(spec: str, tag: str, torch_store: bool = True):
+    """A hybrid spec's fused decode at D 128, G 4, one row, fp16 and bf16, under PDL: each
+    part's split kernel into one shared workspace, one reduce (`launch_parts_decode`).
+    torch_store: fill the cache through torch (the store kernel is checked separately)."""
+    from kvtax.attention import launch
+    from kvtax.cache.hybrid import HybridCache
+
     for dtype in (torch.float16, torch.bfloat16):
-        cache = HybridCache("q4", max_chunk=320)
+        cache = HybridCache(spec, max_chunk=320)
+        if torch_store:
+            for part in cache.parts:
+                part.fused_store = False
         k = torch.randn(1, 2, 320, 128, dtype=dtype)
         cache.append(k, k)
         q = torch.randn(1, 8, 1, 128, dtype=dtype)
         parts = [(q, p.view, p.min_distance, p.min_key) for p in cache.view().parts]
-        yield f"parts q4 D128 G4 L1 {dtype} pdl", lambda q=q, parts=parts: _with_all_pdl(
+        yield f"parts {tag} D128 G4 L1 {dtype} pdl", lambda q=q, parts=parts: _with_all_pdl(
             lambda: launch.launch_parts_decode(parts, torch.empty_like(q)))
 
 
@@ -216,10 +229,9 @@ def int3_cases(full: bool):
     """3-bit codes on the tile kernels (format codes 5 and 6): q3's body (int3-c64 keys,
     int3-g32 values) at D 64 / 128 / 256 in each query dtype, int3 values or keys beside
     other formats, decode and (with `full`) prefill, and q3's fused hybrid decode."""
-    from kvtax.attention import launch, triton_api as ta
+    from kvtax.attention import triton_api as ta
     from kvtax.attention.view import CacheView
     from kvtax.cache import FullCache
-    from kvtax.cache.hybrid import HybridCache
     from kvtax.formats import ChannelBlockFormat, KVSpec
 
     grid = [("k3-c64v3-g32", d, dt) for d in (64, 128, 256)
@@ -242,16 +254,7 @@ def int3_cases(full: bool):
             q = torch.randn(1, 8, n_q, d, dtype=dtype)
             yield (f"int3 {spec} D{d} G4 L{n_q} {dtype}",
                    lambda q=q, v=view: ta.triton_attention(q, v))
-    for dtype in (torch.float16, torch.bfloat16):
-        cache = HybridCache("q3", max_chunk=320)
-        for part in cache.parts:
-            part.fused_store = False
-        k = torch.randn(1, 2, 320, 128, dtype=dtype)
-        cache.append(k, k)
-        q = torch.randn(1, 8, 1, 128, dtype=dtype)
-        parts = [(q, p.view, p.min_distance, p.min_key) for p in cache.view().parts]
-        yield f"parts q3 D128 G4 L1 {dtype} pdl", lambda q=q, parts=parts: _with_all_pdl(
-            lambda: launch.launch_parts_decode(parts, torch.empty_like(q)))
+    yield from parts_decode_cases("q3", "q3")
 
 
 def widest_cases(full: bool):
@@ -260,10 +263,9 @@ def widest_cases(full: bool):
     the launch table (decode_warp at D 64 / 128, the tile kernel at D 256), the tile
     decode kernel forced, prefill (with `full`), staging, and `k4w-c64v4@s4r128`'s fused
     hybrid decode."""
-    from kvtax.attention import launch, triton_api as ta
+    from kvtax.attention import triton_api as ta
     from kvtax.attention.stage_launch import launch_stage
     from kvtax.attention.view import CacheView
-    from kvtax.cache.hybrid import HybridCache
     from kvtax.formats import KVSpec
 
     kv = KVSpec.parse("k4w-c64v4")
@@ -282,16 +284,7 @@ def widest_cases(full: bool):
             out = torch.empty(1, 2, 256, d, dtype=dtype)
             yield f"widest stage D{d} {dtype}", lambda v=view, out=out: launch_stage(
                 v.k, v.spec.key, 0, 256, out)
-    for dtype in (torch.float16, torch.bfloat16):
-        cache = HybridCache("k4w-c64v4@s4r128", max_chunk=320)
-        for part in cache.parts:
-            part.fused_store = False
-        k = torch.randn(1, 2, 320, 128, dtype=dtype)
-        cache.append(k, k)
-        q = torch.randn(1, 8, 1, 128, dtype=dtype)
-        parts = [(q, p.view, p.min_distance, p.min_key) for p in cache.view().parts]
-        yield f"parts k4w D128 G4 L1 {dtype} pdl", lambda q=q, parts=parts: _with_all_pdl(
-            lambda: launch.launch_parts_decode(parts, torch.empty_like(q)))
+    yield from parts_decode_cases("k4w-c64v4@s4r128", "k4w")
 
 
 def sweep_cases():
