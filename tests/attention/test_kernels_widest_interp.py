@@ -153,3 +153,15 @@ def test_warp_kernel(value, n_q, block_n, dtype):
 def test_warp_kernel_hybrid_masks():
     q, view = widest_view("int4", d=128, h_kv=1, group=4, ctx=300, n_q=1, seed=9)
     check_lse(q, view, min_distance=128, min_key=4, kind="warp16", what="warp body part")
+
+
+def test_other_fractions_are_refused(monkeypatch):
+    """The kernels read R = 3D/8 selected channels; a format selecting another count must
+    fall back to the reference, not be misread."""
+    from kvtax.attention.support import unsupported_reason
+    from kvtax.formats import widest
+
+    q, view = widest_view(d=64, h_kv=1, group=2, ctx=70, n_q=1)
+    assert unsupported_reason(q, view, allow_cpu=True) is None
+    monkeypatch.setattr(widest, "WIDEST", 1 / 4)
+    assert "kernels/widest.py reads 3D/8" in unsupported_reason(q, view, allow_cpu=True)

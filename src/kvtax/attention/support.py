@@ -13,7 +13,7 @@ import triton
 from kvtax.attention.kernels.decode import decode_attn_split_kernel
 from kvtax.attention.view import CacheView
 from kvtax.formats import AffineFormat, ChannelBlockFormat, FloatFormat, FP8Format, KVFormat
-from kvtax.formats.widest import WidestBitFormat
+from kvtax.formats.widest import WidestBitFormat, selected
 
 Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -113,6 +113,8 @@ def channel_keys_reason(view: CacheView) -> str | None:
         return None
     if d not in (64, 128, 256):
         return f"{k_fmt.name} keys at head_dim {d} (the kernels take 64, 128 and 256)"
+    if isinstance(k_fmt, WidestBitFormat) and selected(d) != 3 * d // 8:
+        return f"{k_fmt.name} keys select {selected(d)} channels (kernels/widest.py reads 3D/8)"
     codes, scales, biases = view.k.codes, view.k.scales, view.k.biases
     if codes.shape[2] % k_fmt.block:
         return f"{k_fmt.name} key storage of {codes.shape[2]} slots is not block-aligned"

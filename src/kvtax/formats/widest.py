@@ -16,8 +16,8 @@ Layout (`[..., T, W]` uint8 codes, W = D/2 + R/8 + ceil(R/64), R = 3D/8 selected
 Scales and biases as int4-c64 (`[..., T, D/64]`, block layout), `scale = range / 31` on a
 selected channel and `range / 15` elsewhere, so `x ≈ scale * (nibble + 16 * fifth) + bias`
 on every channel. Bytes per token and head at D = 256: 128 + 12 + 2 + 2·2·4 = 158 (int4-c64:
-144). The tile kernels read it (kernel format code 7, kvtax/attention/kernels/widest.py);
-the one-warp and swap decode kernels do not.
+144). The tile and one-warp kernels read it (kernel format code 7,
+kvtax/attention/kernels/widest.py, which takes R = 3D/8); the swap decode kernels do not.
 
     >>> fmt = WidestBitFormat()               # "int4w-c64"
     >>> q = fmt.quantize(k)                   # k [B, H, 128, 256] → codes [B, H, 128, 142]

@@ -6,7 +6,7 @@ channels of each 64-slot block. A slot's code row holds int4-c64's split-halves 
 [D/2, D/2 + R/8): slot j in byte j % (R/8) at bit j // (R/8)), then the block's channel
 indices, one byte per row (slot j in row j % 64 of the block, byte D/2 + R/8 + j // 64).
 
-The kernels never gather per channel. A block's indices make two one-hot matrices
+The tile kernels do not gather per channel: a block's indices make two one-hot matrices
 `[D/2, D/2]` (slots padded from R to D/2, a power of two; padding selects no channel), and
 tensor-core dots move values between channel order and slot order exactly, since each
 output is one product by 1 plus zeros:
@@ -14,7 +14,10 @@ output is one product by 1 plus zeros:
       scale * (nibble + 16 * fifth) + bias, as int4-c64's with 5-bit codes;
   scores (decode's fold): sel[m, j] = (q * scale)[m, :] @ onehot[:, j], then the fifth
       bits add 16 * sel @ bits^T to int4-c64's folded scores.
-A tile must lie in one block (BLOCK_N <= 64): the launch table keeps it so.
+decode_warp.py, one warp a program, has no registers for those matrices and gathers the
+selected channels' queries and scales from memory instead (`gathered_fifth_scores`).
+A tile must lie in one block (BLOCK_N <= 64): the launch table keeps it so. R = 3D/8 is
+kvtax.formats.widest's fraction; `support.channel_keys_reason` refuses any other.
 """
 
 import triton
