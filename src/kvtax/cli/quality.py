@@ -78,7 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="scored positions: the last N of each context (default 128)")
     p.add_argument("--text", default=None,
                    help="text file to score (default: the prose of CPython's "
-                        "pydoc_data/topics.py)")
+                        "pydoc_data/topics.py; a topics.py file: that Python's prose)")
     p.add_argument("--baseline", default=None,
                    help="KV format of the reference run (default fp16; another engine: its "
                         "unquantized arm)")

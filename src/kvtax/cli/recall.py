@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="fact values and subjects (default 0)")
     p.add_argument("--filler", default=None,
                    help="text file of filler paragraphs (default: the prose of CPython's "
-                        "pydoc_data/topics.py)")
+                        "pydoc_data/topics.py; a topics.py file: that Python's prose)")
     add_engine(p, default="auto",
                extra="; kvtax: the runner, every KV format; hf: transformers' own cache; "
                      "auto: kvtax when it can load the model, else hf; another engine runs "

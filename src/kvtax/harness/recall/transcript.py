@@ -10,11 +10,13 @@ exactly the requested context, whatever the tokenizer:
   - tail: the question and the rest of the chat template (the assistant's turn), or
     "Answer:" for a model without a chat template.
 head + document is the same for every question of a context, so it is prefilled once.
-Filler is prose from CPython's `pydoc_data/topics.py` (every Python has it) or a text file.
+Filler is prose from CPython's `pydoc_data/topics.py` (every Python has it; another
+release's file gives that release's prose, `pydoc_topics`) or a text file.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,9 +52,36 @@ _CODE_LINE = re.compile(r"^(\s|>>>|\.\.\.)")
 _HEAVY_DIGITS = re.compile(r"\d{3,}")
 
 
-def default_filler_paragraphs() -> list[str]:
-    """Prose paragraphs of `pydoc_data/topics.py`: no code, grammar, headings or long numbers."""
-    from pydoc_data.topics import topics
+def pydoc_topics(path: str | Path) -> dict[str, str] | None:
+    """The `topics` dict of a `pydoc_data/topics.py` file, parsed (never run), or None where
+    the file is not one. The default text changes between Python releases (3.11's and
+    3.12's differ, and 3.12.1's and 3.12.3's), so a run elsewhere reads the same prose as
+    Python 3.12.3 from that release's file, e.g. out of its Debian/Ubuntu
+    `libpython3.12-stdlib` package."""
+    path = Path(path)
+    if path.suffix != ".py":
+        return None
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+                "topics"]:
+            try:
+                topics = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            if isinstance(topics, dict) and all(isinstance(v, str) for v in topics.values()):
+                return topics
+    return None
+
+
+def default_filler_paragraphs(topics: dict[str, str] | None = None) -> list[str]:
+    """Prose paragraphs of `pydoc_data/topics.py` (this Python's, or the `topics` dict of
+    another's, `pydoc_topics`): no code, grammar, headings or long numbers."""
+    if topics is None:
+        from pydoc_data.topics import topics
 
     out = []
     for key in sorted(topics):
@@ -73,9 +102,13 @@ def default_filler_paragraphs() -> list[str]:
 
 
 def filler_paragraphs(path: str | Path | None = None) -> list[str]:
-    """Paragraphs from a text file (blank-line separated), or the default prose."""
+    """Paragraphs from a text file (blank-line separated), or the default prose (this
+    Python's, or that of a `pydoc_data/topics.py` file given as `path`)."""
     if path is None:
         return default_filler_paragraphs()
+    topics = pydoc_topics(path)
+    if topics is not None:
+        return default_filler_paragraphs(topics)
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
     paras = [p for p in paras if p]
