@@ -41,6 +41,15 @@ def test_recall_rows_on_tiny_model(tmp_path, tiny):
     assert {r["depth"] for r in rows} == {0.0, 1.0}
     assert len({r["cell_id"] for r in rows}) == len(rows)
     assert (run / "config.json").exists() and (run / "env.json").exists()
+    # which prose the questions sat in: the default's sha256 (Python releases differ)
+    import hashlib
+    import json
+
+    from kvtax.harness.recall.transcript import default_filler_paragraphs
+
+    env = json.loads((run / "env.json").read_text())
+    assert env["filler_sha256"] == hashlib.sha256(
+        "\n\n".join(default_filler_paragraphs()).encode()).hexdigest()
 
 
 def test_resume_skips_answered_questions(tmp_path, tiny):

@@ -13,6 +13,7 @@ compared with it. Rows (kind "recall") go to a run folder like every harness mea
 
 from __future__ import annotations
 
+import hashlib
 import time
 import traceback
 from collections.abc import Callable
@@ -139,14 +140,20 @@ def run_recall(
         model = _load(cfg)
         log(f"loaded {cfg.model} ({model.engine} engine) in {time.perf_counter() - t:.1f} s")
     check_contexts(cfg, model)
+    paragraphs = filler_paragraphs(cfg.filler)
     if store is None:
         store = RunStore.create(root, name, cfg.to_dict())
-    store.write_env(environment(cfg.device))
+    # the default filler is this Python's pydoc prose, which differs between releases: two
+    # runs ask the same questions only where this matches
+    filler_sha = hashlib.sha256("\n\n".join(paragraphs).encode("utf-8")).hexdigest()
+    store.write_env({**environment(cfg.device), "filler_sha256": filler_sha})
     commit = git_commit()
     log(f"kvtax recall: run folder {store.path}")
+    log(f"kvtax recall: filler {cfg.filler or 'pydoc_data/topics.py (this Python)'}, "
+        f"sha256 {filler_sha[:12]}")
     facts = make_facts(cfg.facts, cfg.seed)
     depths = spread_depths(cfg.facts)
-    filler = FillerStream(model.tokenizer, filler_paragraphs(cfg.filler))
+    filler = FillerStream(model.tokenizer, paragraphs)
     budgets = [cfg.max_new_tokens or len(model.tokenizer.encode(f.statement)) + ANSWER_SLACK
                for f in facts]
     done = store.done_cell_ids()
