@@ -103,14 +103,12 @@ def check_config(cfg: QualityConfig) -> None:
 
 def text_of(path: str | None) -> str:
     """The file's text, or the prose paragraphs of CPython's pydoc_data/topics.py: this
-    Python's, or those of a topics.py file given as `path` (`pydoc_topics`)."""
-    from kvtax.harness.recall.transcript import default_filler_paragraphs, pydoc_topics
+    Python's, or those of a topics.py file given as `path` (`default_prose`)."""
+    from kvtax.harness.recall.transcript import default_prose
 
-    if path is None:
-        return "\n\n".join(default_filler_paragraphs())
-    topics = pydoc_topics(path)
-    if topics is not None:
-        return "\n\n".join(default_filler_paragraphs(topics))
+    paras = default_prose(path)
+    if paras is not None:
+        return "\n\n".join(paras)
     return Path(path).read_text(encoding="utf-8", errors="replace")
 
 

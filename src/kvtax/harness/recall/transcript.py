@@ -101,14 +101,21 @@ def default_filler_paragraphs(topics: dict[str, str] | None = None) -> list[str]
     return out
 
 
-def filler_paragraphs(path: str | Path | None = None) -> list[str]:
-    """Paragraphs from a text file (blank-line separated), or the default prose (this
-    Python's, or that of a `pydoc_data/topics.py` file given as `path`)."""
+def default_prose(path: str | Path | None = None) -> list[str] | None:
+    """The default prose's paragraphs: this Python's (path None) or those of the
+    `pydoc_data/topics.py` file at `path`; None where `path` is another file."""
     if path is None:
         return default_filler_paragraphs()
     topics = pydoc_topics(path)
-    if topics is not None:
-        return default_filler_paragraphs(topics)
+    return None if topics is None else default_filler_paragraphs(topics)
+
+
+def filler_paragraphs(path: str | Path | None = None) -> list[str]:
+    """Paragraphs from a text file (blank-line separated), or the default prose (this
+    Python's, or that of a `pydoc_data/topics.py` file given as `path`)."""
+    paras = default_prose(path)
+    if paras is not None:
+        return paras
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", text)]
     paras = [p for p in paras if p]
