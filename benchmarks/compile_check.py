@@ -119,14 +119,17 @@ def swap_cases():
 
 
 def c64_swap_cases():
-    """Kernel "swap" over int4-c64 keys: the Gluon kernel (int4 g64 values, fp16 / bf16,
-    the table's launch and with PDL) and the Triton twin (the other values and head dims)."""
+    """Kernel "swap" over int4-c64 and int4w-c64 keys: the Gluon kernel (int4 g64 values,
+    fp16 / bf16, the table's launch and with PDL) and the Triton twin (the other values
+    and head dims)."""
     from kvtax.attention import triton_api as ta
     from kvtax.attention.view import CacheView
     from kvtax.formats import KVSpec
 
-    grid = [("k4-c64v4", 128, 4, 1, dt) for dt in (torch.float16, torch.bfloat16)]
+    grid = [(f"k4{w}-c64v4", 128, 4, 1, dt) for w in ("", "w")
+            for dt in (torch.float16, torch.bfloat16)]
     grid += [("k4-c64v8", 128, 4, 1, torch.float16), ("k4-c64v4", 64, 2, 2, torch.float16),
+             ("k4w-c64v4", 64, 2, 2, torch.float16),
              ("k4-c64v4-g128", 256, 4, 1, torch.bfloat16)]
     for spec, d, group, n_q, dtype in grid:
         kv = KVSpec.parse(spec)
@@ -137,7 +140,7 @@ def c64_swap_cases():
         name = f"swap {spec} D{d} G{group} L{n_q} {dtype}"
         yield name, lambda q=q, v=view: ta.triton_attention(
             q, v, config=ta.swap_decode_config(q, v))
-        if spec == "k4-c64v4" and d == 128:
+        if spec in ("k4-c64v4", "k4w-c64v4") and d == 128:
             yield f"{name} pdl", lambda q=q, v=view: _with_all_pdl(
                 lambda: ta.triton_attention(q, v, config=ta.swap_decode_config(q, v)))
 
@@ -258,11 +261,10 @@ def int3_cases(full: bool):
 
 
 def widest_cases(full: bool):
-    """int4w-c64 keys (format code 7: fifth bits through one-hot dots in the tile kernels,
-    gathered in decode_warp): `k4w-c64v4` at D 64 / 128 / 256 in each query dtype through
-    the launch table (decode_warp at D 64 / 128, the tile kernel at D 256), the tile
-    decode kernel forced, prefill (with `full`), staging, and `k4w-c64v4@s4r128`'s fused
-    hybrid decode."""
+    """int4w-c64 keys (format code 7: queries loaded through the channel order, fifth
+    bits OR'd into the low nibbles): `k4w-c64v4` at D 64 / 128 / 256 in each query dtype
+    through the launch table, the tile decode kernel forced, prefill (with `full`),
+    staging, and `k4w-c64v4@s4r128`'s fused hybrid decode."""
     from kvtax.attention import triton_api as ta
     from kvtax.attention.stage_launch import launch_stage
     from kvtax.attention.view import CacheView

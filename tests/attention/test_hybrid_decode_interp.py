@@ -81,7 +81,7 @@ CASES = [
     ("q4", 128, 7, 333, 1, None),
     ("q4", 64, 1, 270, 3, None),
     ("k4-c64v4@s4r64", 64, 7, 197, 3, None),
-    ("k4w-c64v4@s4r128", 128, 4, 333, 1, None),   # int4w-c64 body: the tile kernel
+    ("k4w-c64v4@s4r128", 128, 4, 333, 1, None),   # int4w-c64 body: its channel order
     ("int4-g32+hk@s4r16", 64, 7, 90, 3, None),   # rotated keys: q H for the body
     ("int4+hkv@s2r16", 128, 1, 77, 1, None),     # rotated values: fp16 partials rotated
     ("int8@s2r8", 64, 1, 70, 3, 24),             # a sliding layer: the body is a ring

@@ -1,4 +1,4 @@
-"""Kernel "swap" over int4-c64 keys (q4's body): decode_swap.py, the Triton twin of the
+"""Kernel "swap" over int4-c64 keys (q4's body) and int4w-c64 keys: decode_swap.py, the Triton twin of the
 Gluon kernel, against the float32 reference through the interpreter on CPU (block vectors
 folded into the queries, steps inside one 64-slot block, lengths off the blocks, device
 lengths, splits left empty, soft-capping), the calls it refuses, and the launch table's
@@ -50,22 +50,26 @@ def _id(c) -> str:
     return f"c64-v{value}-D{d}-G{g}-ctx{ctx}-L{n_q}-{str(dtype)[6:]}" + ("-cap" if cap else "")
 
 
+@pytest.mark.parametrize("key", ["int4-c64", "int4w-c64"])
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_swap_twin_matches_reference(case):
+def test_swap_twin_matches_reference(case, key):
     value, d, g, ctx, n_q, dtype, cap = case
-    q, view = channel_view(value, d=d, h_kv=2, group=g, ctx=ctx, n_q=n_q, dtype=dtype,
-                           seed=ctx + d)
+    q, view = channel_view(value, key=key, d=d, h_kv=2, group=g, ctx=ctx, n_q=n_q,
+                           dtype=dtype, seed=ctx + d)
     cfg = swap_decode_config(q, view)
     assert cfg.kernel == "swap" and swap_reason(q, view) is None
     check(q, view, what=_id(case), softcap=cap, config=cfg)
 
 
+@pytest.mark.parametrize("key", ["int4-c64", "int4w-c64"])
 @pytest.mark.parametrize("splits", [1, 3, 9])
-def test_swap_twin_splits_and_device_lengths(splits):
+def test_swap_twin_splits_and_device_lengths(splits, key):
     """Strided steps of each split land in different blocks (their vectors must follow),
     splits without a step merge away, and a device length ending mid-block hides the
-    rest of the block it shares with stored tokens."""
-    q, view = channel_view("int4", d=128, h_kv=2, group=4, ctx=300, n_q=1, batch=2, seed=4)
+    rest of the block it shares with stored tokens (int4w-c64: each sequence its own
+    channel order)."""
+    q, view = channel_view("int4", key=key, d=128, h_kv=2, group=4, ctx=300, n_q=1,
+                           batch=2, seed=4)
     cfg = dataclasses.replace(swap_decode_config(q, view), num_splits=splits)
     lens = torch.tensor([300, 77], dtype=torch.int32, device=q.device)
     out = triton_attention(q, view, lengths=lens, config=cfg)
@@ -91,12 +95,13 @@ def test_swap_twin_keys_far_from_zero():
     check(q, view, what="far keys", config=swap_decode_config(q, view))
 
 
-def test_swap_twin_really_runs_with_block_keys():
-    """decode_swap.py launched with format code 4 (head_dim 64: the twin's alone, also on a
-    GPU, where D 128 goes to the Gluon kernel)."""
+@pytest.mark.parametrize("key, code", [("int4-c64", 4), ("int4w-c64", 7)])
+def test_swap_twin_really_runs_with_block_keys(key, code):
+    """decode_swap.py launched with format code 4 / 7 (head_dim 64: the twin's alone, also
+    on a GPU, where D 128 goes to the Gluon kernel)."""
     from kvtax.attention.kernels import decode_swap
 
-    q, view = channel_view("int4", d=64, h_kv=1, group=4, ctx=70, n_q=1)
+    q, view = channel_view("int4", key=key, d=64, h_kv=1, group=4, ctx=70, n_q=1)
     fn, calls = decode_swap.decode_swap_kernel, []
     original = fn.run
     fn.run = lambda *a, **k: calls.append(k.get("K_FMT")) or original(*a, **k)
@@ -104,7 +109,7 @@ def test_swap_twin_really_runs_with_block_keys():
         check(q, view, what="spy", config=swap_decode_config(q, view))
     finally:
         del fn.run
-    assert calls == [4], "decode_swap.py was not launched with int4-c64 keys"
+    assert calls == [code], f"decode_swap.py was not launched with {key} keys"
 
 
 @pytest.mark.parametrize("value, d, group, n_q, why", [
@@ -149,6 +154,17 @@ def test_launch_table_routes_k4c64v4_decode_to_the_gluon_kernel(compiled, dtype,
     # soft-capping and left padding stay with decode_warp (the hybrid masks do not)
     assert launch_config(q, view, softcap=True).kernel == "warp"
     assert launch_config(q, view, masked=True).kernel == "warp"
+
+
+def test_gluon_refuses_widest_keys_and_the_table_takes_decode_warp(compiled):
+    """`k4w-c64v4` decode at head_dim 128, G 4: the Gluon kernel copies 64-byte key rows,
+    an int4w-c64 row is 72 bytes, so the table takes decode_warp; an explicit swap config
+    runs the twin (test_swap_twin_matches_reference)."""
+    q, view = channel_view("int4", key="int4w-c64", d=128, h_kv=8, group=4, ctx=4096,
+                           n_q=1)
+    assert "72 bytes" in gluon_swap_reason(q, view)
+    assert swap_reason(q, view) is None
+    assert launch_config(q, view).kernel == "warp"
 
 
 @pytest.mark.parametrize("value, d, group, kernel", [

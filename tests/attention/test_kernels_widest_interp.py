@@ -1,11 +1,15 @@
-"""Fused kernels reading int4w-c64 keys (int4-c64 plus a fifth bit on each block's widest
-3/8 channels, kernel format code 7) vs the reference.
+"""Fused kernels reading int4w-c64 keys (int4-c64 in one channel order per sequence and KV
+head, plus a fifth bit on the first 3/8 of the stored channels, its widest; kernel format
+code 7) vs the reference.
 
-Decode folds the fifth bits into the scores, prefill and staging dequantize them
-(kvtax/attention/kernels/widest.py); both must equal the format's own dequantization up to
-the kernels' rounding. Small shapes through Triton's interpreter on CPU (tests/conftest.py),
-compiled on a GPU; the larger grid is tests/attention/test_kernels_widest_gpu.py, staging
-and the hybrid cache's parts are in test_staged_interp.py and test_hybrid_*_interp.py.
+Every kernel reads the keys in stored order with the fifth bits OR'd into the low nibbles'
+codes, and loads the queries through the order (staging writes the keys back through it;
+kvtax/attention/kernels/widest.py); all must equal the format's own dequantization up to
+the kernels' rounding. The views' orders are not the identity (tests/support/channel.py),
+and `test_any_channel_order` gives each head a random one. Small shapes through Triton's
+interpreter on CPU (tests/conftest.py), compiled on a GPU; the larger grid is
+tests/attention/test_kernels_widest_gpu.py, staging and the hybrid cache's parts are in
+test_staged_interp.py and test_hybrid_*_interp.py.
 """
 
 from __future__ import annotations
@@ -16,11 +20,10 @@ import pytest
 import torch
 
 from kvtax.attention import launch
-from kvtax.attention.support import format_code, swap_reason, warp_reason
-from kvtax.attention.triton_api import (
-    LaunchConfig, launch_config, triton_attention, warp_decode_config,
-)
-from kvtax.errors import ShapeError
+from kvtax.attention.stage_launch import launch_stage
+from kvtax.attention.support import format_code, gluon_swap_reason, warp_reason
+from kvtax.attention.triton_api import LaunchConfig, launch_config, warp_decode_config
+from kvtax.formats.widest import selected
 from tests.attention.test_kernels_lse_interp import check_lse
 from tests.support import kernels as ke
 from tests.support.channel import channel_view
@@ -42,12 +45,12 @@ def widest_view(value: str = "int4-g32", **kw):
 
 # (value format, head_dim, h_kv, group, ctx, n_q, dtype)
 CASES = [
-    ("int4-g32", 64, 2, 4, 130, 1, F16),     # decode: folded fifth bits, 64-slot tiles
+    ("int4-g32", 64, 2, 4, 130, 1, F16),     # decode: folded 5-bit codes, 64-slot tiles
     ("int4-g32", 128, 1, 7, 63, 1, BF16),    # GQA 7, one partial block
-    ("int4-g32", 256, 1, 4, 100, 1, F16),    # 32-slot decode tiles, 2 index bytes a row
+    ("int4-g32", 256, 1, 4, 100, 1, F16),    # 32-slot decode tiles, 4 order bytes a row
     ("int4", 128, 1, 1, 1, 1, F32),          # one token; float32 queries (IEEE dots)
     ("int8", 64, 1, 4, 70, 3, F16),          # 3 decode rows
-    ("int4-g32", 64, 1, 4, 200, 40, F16),    # prefill: dequantized fifth bits
+    ("int4-g32", 64, 1, 4, 200, 40, F16),    # prefill: dequantized 5-bit codes
     ("int4-g32", 128, 1, 2, 130, 33, BF16),
     ("int4-g32", 256, 1, 1, 90, 20, F16),
     ("int4", 64, 1, 4, 70, 17, F32),
@@ -67,16 +70,93 @@ def test_matches_reference(case):
     check(q, view, what=_id(case))
 
 
-def test_fifth_bits_are_read():
-    """The same view with its fifth-bit plane cleared reads other keys: the kernels must
-    follow the reference to the changed keys, not to int4-c64's."""
-    q, view = widest_view(d=64, h_kv=1, group=4, ctx=128, n_q=1, seed=11)
+def _with_codes(view, codes: torch.Tensor):
+    """`view` with its key codes replaced (scales and biases kept)."""
+    return dataclasses.replace(view, k=type(view.k)(codes, view.k.scales, view.k.biases))
+
+
+# one config per kernel path: decode_warp, the tile decode folded (tiles inside a block)
+# and dequantizing (tiles across blocks), prefill
+PATHS = {
+    "warp": None,
+    "tile-fold": LaunchConfig("decode", 16, 64, 4, 2, 2, fold=True),
+    "tile-dequant": LaunchConfig("decode", 16, 128, 4, 2, 2, fold=True),
+    "prefill": LaunchConfig("prefill", 64, 64, 4, 2),
+}
+
+
+def _path_check(kind: str, q: torch.Tensor, view, what: str) -> torch.Tensor:
+    """`check` through the kernel path `kind` (a key of PATHS)."""
+    cfg = warp_decode_config(q, view) if kind == "warp" else PATHS[kind]
+    return check(q, view, config=cfg, what=f"{kind} {what}")
+
+
+@pytest.mark.parametrize("kind", list(PATHS))
+def test_fifth_bits_are_read(kind):
+    """The same view with its fifth-bit plane (bytes [D/2, D/2 + R/8) of each row) cleared
+    reads other keys: the kernels must follow the reference to the changed keys, not to
+    int4-c64's."""
+    d = 64
+    q, view = widest_view("int4", d=d, h_kv=1, group=4, ctx=128,
+                          n_q=1 if kind != "prefill" else 20, seed=11)
     codes = view.k.codes.clone()
-    codes[..., 32:35] = 0
-    cleared = dataclasses.replace(view, k=type(view.k)(codes, view.k.scales, view.k.biases))
-    a = check(q, view, what="plane")
-    b = check(q, cleared, what="cleared plane")
+    codes[..., d // 2:d // 2 + selected(d) // 8] = 0
+    a = _path_check(kind, q, view, "plane")
+    b = _path_check(kind, q, _with_codes(view, codes), "cleared plane")
     assert (a.float() - b.float()).abs().max() > 1e-2
+
+
+def _random_orders(view, seed: int):
+    """`view` with its keys (as the reference reads them) re-quantized in a random channel
+    order per (batch, KV head): any order is a valid int4w-c64 storage, the chosen channels
+    being its first R, so the kernels must take each head's order from its rows."""
+    fmt = view.spec.key
+    keys = fmt.dequantize(view.k).to(view.k.scales.dtype)  # [B, H, slots, D]
+    b, h, _, d = keys.shape
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.stack([torch.randperm(d, generator=gen) for _ in range(b * h)])
+    return dataclasses.replace(view, k=fmt.quantize(keys, order.view(b, h, d).to(keys.device)))
+
+
+def _identity_order(view):
+    """`view` with its order bytes overwritten by the identity: the same nibbles and fifth
+    bits read as other keys (the reference's too)."""
+    d = view.head_dim
+    codes = view.k.codes.clone()
+    base = d // 2 + selected(d) // 8
+    rows = torch.arange(codes.shape[2], device=codes.device) % 64
+    for m in range(d // 64):
+        codes[..., base + m] = (rows + 64 * m).to(torch.uint8)
+    return _with_codes(view, codes)
+
+
+@pytest.mark.parametrize("kind", list(PATHS))
+@pytest.mark.parametrize("d", [64, 128])
+def test_any_channel_order(kind, d):
+    """Keys in a random channel order per (batch, head) read as the reference reads them,
+    and the same rows with an identity order read as other keys, which the kernels follow
+    too: the queries go through each head's own order, high-nibble channels included."""
+    n_q = 1 if kind != "prefill" else 20
+    q, view = widest_view("int4", d=d, h_kv=2, group=2, ctx=150, n_q=n_q, batch=2, seed=d)
+    view = _random_orders(view, seed=d + 1)
+    a = _path_check(kind, q, view, f"D{d} random orders")
+    b = _path_check(kind, q, _identity_order(view), f"D{d} identity order")
+    assert (a.float() - b.float()).abs().max() > 1e-1
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_stage_writes_model_order(dtype):
+    """The stage kernel writes keys stored in random orders back in model channel order:
+    the format's own read, from a block boundary past block 0."""
+    _, view = widest_view("int4", d=128, h_kv=2, group=1, ctx=300, n_q=1, batch=2,
+                          dtype=dtype, seed=4)
+    view = _random_orders(view, seed=5)
+    out = torch.full((2, 2, 192, 128), float("nan"), dtype=dtype, device=view.k.codes.device)
+    launch_stage(view.k, view.spec.key, 64, 150, out)
+    want = view.spec.key.read(view.k, 64, 214).to(dtype)
+    atol = 2e-2 if dtype == F16 else 0.25  # an ulp of the wide channels (test_staged_interp)
+    ke.assert_close(out[:, :, :150].float(), want.float(), atol=atol, rel_rms=1e-2,
+                    what=f"stage {dtype}")
 
 
 @pytest.mark.parametrize(
@@ -84,20 +164,19 @@ def test_fifth_bits_are_read():
     [LaunchConfig("decode", 16, 16, 4, 2, 3, fold=True),
      LaunchConfig("decode", 16, 32, 4, 2, 2, fold=True),
      LaunchConfig("decode", 16, 64, 4, 2, 5, fold=False),
+     LaunchConfig("decode", 16, 128, 4, 2, 2, fold=True),
      LaunchConfig("prefill", 16, 16, 4, 2),
-     LaunchConfig("prefill", 64, 64, 4, 2)],
-    ids=["tile16-fold", "tile32-fold", "tile64-dequant", "prefill16", "prefill64"],
+     LaunchConfig("prefill", 64, 64, 4, 2),
+     LaunchConfig("prefill", 64, 128, 4, 3)],
+    ids=["tile16-fold", "tile32-fold", "tile64-dequant", "tile128-across-blocks",
+         "prefill16", "prefill64", "prefill128-across-blocks"],
 )
 def test_tile_sizes(cfg):
+    """Tiles inside a 64-slot block and across blocks (no per-block state: a 128-slot
+    tile dequantizes, as int4-c64's do)."""
     n_q = 1 if cfg.path == "decode" else 20
     q, view = widest_view(d=64, h_kv=1, group=4, ctx=300, n_q=n_q, seed=3)
     check(q, view, config=cfg, what=f"{cfg.path}-n{cfg.block_n}-fold{cfg.fold}")
-
-
-def test_tiles_across_blocks_are_refused():
-    q, view = widest_view(d=64, h_kv=1, group=4, ctx=200, n_q=1)
-    with pytest.raises(ShapeError, match="at most 64 slots"):
-        triton_attention(q, view, config=LaunchConfig("decode", 16, 128, 4, 2, 2, fold=True))
 
 
 @pytest.mark.parametrize("n_q", [1, 20])
@@ -122,18 +201,18 @@ def test_lse_and_hybrid_masks(d, g, ctx, n_q, dtype, md, mk):
 ])
 def test_launch_table_routes_widest_keys(d, value, kernel):
     """Decode: decode_warp where the values fit it (one scale group per half row), else the
-    tile kernel, folded, tiles inside one block; never the swap kernels, which do not read
-    fifth bits. Prefill: 64-slot tiles."""
+    tile kernel, folded, tiles inside one block; the Gluon swap kernel where it serves the
+    call (compiled, not under the interpreter). Prefill: the prefill kernel."""
     q, view = widest_view(value, d=d, h_kv=1, group=4, ctx=70, n_q=1)
     assert format_code(view.spec.key) == (7, 64)
+    assert (warp_reason(view) is None) == (kernel == "warp")
+    if gluon_swap_reason(q, view) is None:
+        kernel = "swap"
     cfg = launch_config(q, view)
     assert (cfg.path, cfg.kernel) == ("decode", kernel), cfg
-    assert cfg.block_n <= 64 and (cfg.fold or kernel == "warp")
-    assert (warp_reason(view) is None) == (kernel == "warp")
-    assert "fifth bits" in swap_reason(q, view)
+    assert cfg.block_n <= 64 and (cfg.fold or kernel != "tile")
     q, view = widest_view(value, d=d, h_kv=1, group=4, ctx=70, n_q=40, dtype=BF16)
-    cfg = launch_config(q, view)
-    assert cfg.path == "prefill" and cfg.block_n <= 64, cfg
+    assert launch_config(q, view).path == "prefill"
 
 
 @pytest.mark.parametrize("value, n_q, block_n, dtype", [
@@ -141,8 +220,8 @@ def test_launch_table_routes_widest_keys(d, value, kernel):
     ("fp16", 1, 32, F16), ("int4", 1, 32, F32),
 ])
 def test_warp_kernel(value, n_q, block_n, dtype):
-    """decode_warp.py with int4w-c64 keys: the selected channels' q * s gathered, the
-    fifth bits folded into the scores (masked and unmasked tiles: ctx 200 ends mid-tile)."""
+    """decode_warp.py with int4w-c64 keys: queries loaded through the order, 5-bit codes
+    in the low nibbles' operands (masked and unmasked tiles: ctx 200 ends mid-tile)."""
     q, view = widest_view(value, d=64, h_kv=2, group=4, ctx=200, n_q=n_q, dtype=dtype,
                           seed=block_n + n_q)
     cfg = warp_decode_config(q, view, block_n=block_n)

@@ -1,5 +1,6 @@
-"""Caches holding int4-c64 keys (per channel over 64-token blocks): storage is a pure
-function of the tokens held, whatever the chunking or trimming; exact bytes; refusals."""
+"""Caches holding int4-c64 keys (per channel over 64-token blocks; int4w-c64's too): storage
+is a pure function of the tokens held, whatever the chunking or trimming; exact bytes;
+refusals."""
 
 from __future__ import annotations
 
@@ -10,18 +11,18 @@ from kvtax.cache import FullCache, SlidingCache
 from kvtax.cache.blocks import HISTORY
 from kvtax.cache.hybrid import HybridCache
 from kvtax.errors import CapacityError, FormatError
-from kvtax.formats import ChannelBlockFormat, KVSpec
+from kvtax.formats import ChannelBlockFormat, KVSpec, WidestBitFormat
 from tests.support.tensors import rand_kv
 
 SPEC = "k4-c64v4-g32"
 
 
-def _blocks(k: torch.Tensor):
+def _blocks(k: torch.Tensor, fmt=ChannelBlockFormat()):
     """Keys `[B, H, n, D]` quantized the direct way: whole blocks, the last padded with its
     last token."""
     pad = -k.shape[2] % 64
     x = torch.cat([k, k[:, :, -1:].expand(-1, -1, pad, -1)], dim=2) if pad else k
-    return ChannelBlockFormat().quantize(x)
+    return fmt.quantize(x)
 
 
 def _fill(cache, k, v, chunks):
@@ -50,24 +51,46 @@ def _assert_same_storage(a, b, what: str) -> None:
         assert torch.equal(x, y), what
 
 
+@pytest.mark.parametrize("spec", [SPEC, "k4w-c64v4-g32"])
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 300])
 @pytest.mark.parametrize("d", [64, 128, 256])
-def test_full_cache_equals_direct_block_quantization_for_any_chunking(n, d) -> None:
+def test_full_cache_equals_direct_block_quantization_for_any_chunking(spec, n, d) -> None:
     """1-token appends, one append and odd chunks (7, 100, 130) store the same bytes, and
-    those are the direct quantization of the whole sequence."""
+    those are the direct quantization of the whole sequence (int4w-c64: every block in the
+    channel order of the whole block 0, chosen afresh while block 0 fills)."""
     gen = torch.Generator().manual_seed(n + d)
     k = rand_kv((2, 3, n, d), outliers=3, gen=gen)
     v = rand_kv((2, 3, n, d), gen=gen)
-    ref = _fill(FullCache(SPEC), k, v, [n])
-    want = _blocks(k)
+    ref = _fill(FullCache(spec), k, v, [n])
+    want = _blocks(k, KVSpec.parse(spec).key)
     for got, exp in zip(ref.store.k.parts(), want.parts()):
         assert torch.equal(got[:, :, :exp.shape[2]], exp)
-    vq = KVSpec.parse(SPEC).value.quantize(v)
+    vq = KVSpec.parse(spec).value.quantize(v)
     for got, exp in zip(ref.store.v.parts(), vq.parts()):
         assert torch.equal(got[:, :, :n], exp)
     for size in (1, 7, 100, 130):
-        other = _fill(FullCache(SPEC), k, v, _chunks(n, size))
+        other = _fill(FullCache(spec), k, v, _chunks(n, size))
         _assert_same_storage(other, ref, f"chunks of {size}")
+
+
+def test_widest_trim_into_block_0_chooses_its_channels_again() -> None:
+    """int4w-c64's channel order comes from block 0: a trim into block 0 then other tokens
+    store what a cache fed only the kept and new tokens stores, later blocks included."""
+    gen = torch.Generator().manual_seed(9)
+    k = rand_kv((1, 2, 300, 64), outliers=3, gen=gen)
+    v = rand_kv((1, 2, 300, 64), gen=gen)
+    spec = "k4w-c64v4-g32"
+    cache = _fill(FullCache(spec), k[:, :, :60], v[:, :, :60], [60])
+    assert cache.trim(20) == 20
+    k2, v2 = k[:, :, 100:300], v[:, :, 100:300]
+    cache.append(k2, v2)
+    keep = torch.cat([torch.arange(40), torch.arange(100, 300)])
+    fresh = _fill(FullCache(spec), k[:, :, keep], v[:, :, keep], [240])
+    _assert_same_storage(cache, fresh, "after a trim into block 0")
+    fmt = WidestBitFormat()
+    assert not torch.equal(fmt.order_of(cache.store.k),
+                           fmt.order_of(_fill(FullCache(spec), k[:, :, :64], v[:, :, :64],
+                                              [64]).store.k))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -1,4 +1,4 @@
-"""`write_at` for int4-c64 / int3-c64 keys (a token at a device-held position, as a CUDA
+"""`write_at` for int4-c64 / int3-c64 / int4w-c64 keys (a token at a device-held position, as a CUDA
 graph writes it): the storage equals eager appends of the same tokens, bit for bit, at
 every step, whatever the position in its block, and later appends, trims and resets work
 as if every token had been appended."""
@@ -14,7 +14,7 @@ from kvtax.errors import CapacityError
 from tests.cache.test_block_keys import _assert_same_storage, _fill
 from tests.support.tensors import rand_kv
 
-KEYS = ["k4-c64v4-g32", "k3-c64v4-g32", "k4-c64v4-g32+hk", "k3-c64v8+hk+ck"]
+KEYS = ["k4-c64v4-g32", "k3-c64v4-g32", "k4-c64v4-g32+hk", "k3-c64v8+hk+ck", "k4w-c64v4-g32"]
 
 
 def _data(n: int, d: int = 64, dtype=torch.float32, seed: int = 0):

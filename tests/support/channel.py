@@ -1,6 +1,8 @@
-"""int4-c64 / int3-c64 key caches built by hand for the kernel tests: K quantized per
-channel over 64-token blocks into block-aligned storage (slots rounded up to 64, the tail
-rows random but past `length`), V in any per-token format, and the queries."""
+"""int4-c64 / int3-c64 / int4w-c64 key caches built by hand for the kernel tests: K
+quantized per channel over 64-token blocks into block-aligned storage (slots rounded up to
+64, the tail rows random but past `length`), V in any per-token format, and the queries.
+The widest key channels include the last ones, so int4w-c64 stores its channels in an
+order that is not the identity (a kernel ignoring it fails the reference check)."""
 
 from __future__ import annotations
 
@@ -26,12 +28,13 @@ def channel_view(
     key: str = "int4-c64",
 ) -> tuple[torch.Tensor, CacheView]:
     """Fresh random q `[batch, h_kv * group, n_q, d]` and a full-cache view of `ctx`
-    tokens whose keys are `key` (int4-c64 or int3-c64) and values `value` (a per-token
-    format name)."""
+    tokens whose keys are `key` (int4-c64, int3-c64 or int4w-c64) and values `value` (a
+    per-token format name)."""
     gen = torch.Generator().manual_seed(seed)
     slots = -(-ctx // 64) * 64
     k = torch.randn(batch, h_kv, slots, d, generator=gen)
     k[..., :2] *= 6.0  # outlier channels, as real keys have
+    k[..., -3:] *= 3.0  # wide ones at the end too: int4w-c64 stores them among its first
     k[..., 5] += 3.0   # and a channel with an offset, so biases matter
     v = torch.randn(batch, h_kv, slots, d, generator=gen)
     k, v = k.to(DEVICE, dtype), v.to(DEVICE, dtype)

@@ -240,9 +240,6 @@ class _Args:
         self.qk_scale, self.cap_log2, self.softcap = qk_scale, cap_log2, softcap
         self.k_fmt, k_gs = format_code(view.spec.key)  # type: ignore[misc]
         self.v_fmt, v_gs = format_code(view.spec.value)  # type: ignore[misc]
-        if self.k_fmt == 7 and cfg.block_n > view.spec.key.block:  # type: ignore[attr-defined]
-            raise ShapeError(f"{view.spec.key.name} keys take tiles of at most 64 slots, "
-                             f"not {cfg.block_n}")
         kc, ks, kb = storage_parts(view.k)
         vc, vs, vb = storage_parts(view.v)
         self.common = dict(
@@ -352,7 +349,8 @@ def _launch_swap_triton(a: _Args, part: tuple, slots: dict) -> None:
     """decode_swap.py (the Triton twin: any `swap_reason` case, soft-capping too)."""
     q, view, cfg = a.q, a.view, a.cfg
     d, b, h_kv = view.head_dim, q.shape[0], view.num_kv_heads
-    k_ng = 1 if a.k_fmt == 4 else d // view.spec.key.group_size  # int4-c64: block vectors
+    # int4-c64 / int4w-c64: block vectors
+    k_ng = 1 if a.k_fmt in (4, 7) else d // view.spec.key.group_size
     decode_swap_kernel[(b * h_kv, cfg.num_splits)](
         q, *part, *a.cache[:7], view.length, q.shape[2], cfg.num_splits, h_kv,
         a.qk_scale, a.cap_log2, *q.stride(), *a.strides, **a.masks, **slots,

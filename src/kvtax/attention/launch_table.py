@@ -15,9 +15,9 @@ their row below and share one workspace and one reduce (`launch.launch_parts_dec
                                 → swap (slots as the MMA's M, no padded query rows:
                                   10-20% faster than warp)
     int8 K and V                → warp, two pipeline stages (8% faster than three)
-    otherwise (int4-c64 keys with other values too)
+    otherwise (int4-c64 / int4w-c64 keys with other values too)
                                 → warp, defaults
-  otherwise (3-bit K or V, int4w-c64 keys: `support.three_bit_reason`, `widest_reason`)
+  otherwise (3-bit K or V: `support.three_bit_reason`)
                                 → tile (decode.py: up to 128 packed rows, 4-8 warps)
 Prefill (longer chunks): tiles by query dtype and head dim (`_prefill_config`).
 """
@@ -119,8 +119,10 @@ def _prefill_config(q: torch.Tensor, view: CacheView) -> LaunchConfig:
     """prefill.py's tiles: float32 queries small tiles; D = 80, 96 (per-dim scale
     gathers need registers) 8 warps; D <= 128 wide 128 x 128 tiles, 64 x 128 over 4 warps
     for int4-c64 keys; D 256 64 x 64; 3-bit K or V `_three_bit_prefill_config`; int4w-c64
-    keys 64 x 64 (their fifth bits are read a 64-slot block per tile; speed not yet
-    measured on a GPU).
+    keys 64 x 64 over 4 warps, chosen by compile-only builds for sm_90 (Triton 3.9,
+    `benchmarks/compile_check.py`): no spill at D 64 / 128, where int4-c64's 64 x 128
+    over 3 stages spilled 80 / 72 bytes with the fifth bits; speed not yet measured on
+    a GPU.
 
     int4-c64 keys (a scale and bias per channel and 64-slot block, so each thread holds
     its columns' vectors for the tile's two blocks and the next tile's) measured 35%
@@ -133,7 +135,7 @@ def _prefill_config(q: torch.Tensor, view: CacheView) -> LaunchConfig:
         return LaunchConfig("prefill", 64, 64, 8, 2)
     if three_bit_reason(view) is not None:
         return _three_bit_prefill_config(half)
-    if isinstance(view.spec.key, WidestBitFormat):  # a tile lies in one block (widest.py)
+    if isinstance(view.spec.key, WidestBitFormat):  # int4-c64's tiles spill (docstring)
         return LaunchConfig("prefill", 64, 64, 4, 2)
     if half <= 64 and isinstance(view.spec.key, ChannelBlockFormat):
         return LaunchConfig("prefill", 64, 128, 4, 3)

@@ -56,15 +56,6 @@ def three_bit_reason(view: CacheView) -> str | None:
     return None
 
 
-def widest_reason(view: CacheView) -> str | None:
-    """Why the swap decode kernels refuse this cache's int4w-c64 keys (their fifth bits are
-    read by the tile and one-warp kernels, kernels/widest.py), or None."""
-    if isinstance(view.spec.key, WidestBitFormat):
-        return (f"key format {view.spec.key.name}: fifth bits are read by the tile and "
-                "one-warp kernels")
-    return None
-
-
 def is_int4(fmt: KVFormat) -> bool:
     return isinstance(fmt, AffineFormat) and fmt.n_bits == 4
 
@@ -158,10 +149,11 @@ def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     full cache (no ring, window or sinks), head_dim 64 / 128 / 256, int8 or int4 K and V
     with one scale group per row or per half row, packed scale rows (pairs of 16-bit
     values 4-byte aligned when two groups), V code rows 2-byte aligned. Keys may also be
-    int4-c64 (block metadata as `channel_keys_reason` takes it; a 32-slot step lies in
-    one 64-slot block). 3-bit formats are the tile kernel's (`is_three_bit`)."""
+    int4-c64 or int4w-c64 (block metadata as `channel_keys_reason` takes it; a 32-slot
+    step lies in one 64-slot block). 3-bit formats are the tile kernel's
+    (`is_three_bit`)."""
     n_q, h_q, d = q.shape[2], q.shape[1], view.head_dim
-    reason = three_bit_reason(view) or widest_reason(view)
+    reason = three_bit_reason(view)
     if reason is not None:
         return reason
     if q.dtype not in (torch.float16, torch.bfloat16):
@@ -174,7 +166,8 @@ def swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
         return f"head_dim {d} not in (64, 128, 256)"
     if isinstance(view.spec.key, ChannelBlockFormat):
         if view.spec.key.n_bits != 4:
-            return f"key format {view.spec.key.name} is not int8 / int4 / int4-c64"
+            return (f"key format {view.spec.key.name} is not int8 / int4 / int4-c64 / "
+                    "int4w-c64")
         reason = channel_keys_reason(view)
         if reason is not None:
             return reason
@@ -234,6 +227,9 @@ def gluon_swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     if view.head_dim != 128 or k.n_bits != v.n_bits or k_group != 64 or v.group_size != 64:
         return ("Gluon swap serves int8 / int4 K and V alike (or int4-c64 keys beside "
                 "int4 values), group 64, head_dim 128")
+    if isinstance(k, WidestBitFormat):
+        return (f"{k.name} keys: the Gluon kernel copies 64-byte key rows by 16-byte cp.async "
+                f"(an {k.name} row is {k.code_width(128)} bytes; the Triton kernels read it)")
     if isinstance(k, ChannelBlockFormat):
         meta = (view.k.scales, view.k.biases)
         if any(t.data_ptr() % 16 or any(st % 16 for st in t.stride()[:2]) for t in meta):

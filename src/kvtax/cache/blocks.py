@@ -13,6 +13,10 @@ position, inside a CUDA graph): the graph writes its token's row and re-quantize
 block from the ring, and the host only counts the tokens (`advance`). Trims and later
 appends then read the keys the graph wrote, with no copy back.
 
+int4w-c64 keys (kvtax.formats.widest) also keep the sequence's channel order, chosen from
+block 0: each re-quantization of block 0 chooses it afresh (so a trim into block 0 forgets
+the dropped tokens' influence), every later block is quantized in it.
+
 Within one prefill chunk a query may see a key of the open block whose scales already
 include later tokens of that chunk. A hybrid cache with >= 63 recent fp16 tokens (q4 keeps
 128) never reads the open block from the body, so there every key read is final and
@@ -31,6 +35,7 @@ import torch
 from kvtax.errors import CapacityError
 from kvtax.formats import QTensor
 from kvtax.formats.channel import ChannelBlockFormat
+from kvtax.formats.widest import WidestBitFormat, channel_order
 
 # Model-dtype keys kept behind the newest token: a trim re-quantizes the new last block
 # exactly as if the dropped tokens never came, as long as it drops no more than this.
@@ -49,6 +54,8 @@ class KeyBlocks:
         # write_at at the end replaced the oldest row
         self.rows = -(-history // fmt.block) * fmt.block + fmt.block
         self.buf: torch.Tensor | None = None  # [B, H, rows, D], allocated once
+        # int4w-c64: the channel order [B, H, D] int64, written in place (a graph reads it)
+        self.order: torch.Tensor | None = None
         self.start = self.end = 0
 
     @property
@@ -72,7 +79,7 @@ class KeyBlocks:
             raise RuntimeError(f"staged keys end at {self.end}, append starts at {p0}")
         first = p0 // self.block * self.block
         x = torch.cat([self._read(first, p0), k], dim=-2) if p0 > first else k
-        q = self._quantize(x)
+        q = self._quantize(x, first)
         n = k.shape[-2]
         keep = min(n, self.rows)  # a chunk longer than the ring leaves its last rows
         self._store(k[..., n - keep:, :], p0 + n - keep)
@@ -94,7 +101,12 @@ class KeyBlocks:
         first = pos_t - torch.remainder(pos_t, self.block)  # [1]
         # rows first .. pos, then pos repeated: _quantize's padding, same min/max per channel
         rows = torch.remainder(first + torch.minimum(lanes, pos_t - first), self.rows)
-        return first + lanes, self.fmt.quantize(self.buf.index_select(2, rows))
+        x = self.buf.index_select(2, rows)
+        if self.order is None:
+            return first + lanes, self.fmt.quantize(x)
+        # block 0 chooses the order afresh, any other block keeps it: no host branch
+        self.order.copy_(torch.where(first == 0, channel_order(x), self.order))
+        return first + lanes, self.fmt.quantize(x, self.order)
 
     def advance(self, n: int) -> None:
         """Count `n` tokens staged at `[end, end + n)` (by `extend` or `write_at`)."""
@@ -120,7 +132,7 @@ class KeyBlocks:
         self.end = length
         if length == first:
             return None
-        return first, self._quantize(self._read(first, length))
+        return first, self._quantize(self._read(first, length), first)
 
     def reset(self) -> None:
         self.start = self.end = 0  # the ring stays allocated: a captured graph writes it
@@ -132,6 +144,10 @@ class KeyBlocks:
         if buf is None or buf.shape != (b, h, self.rows, d) or buf.dtype != k.dtype or \
                 buf.device != k.device:
             self.buf = torch.zeros(b, h, self.rows, d, dtype=k.dtype, device=k.device)
+        if isinstance(self.fmt, WidestBitFormat) and (
+                self.order is None or self.order.shape != (b, h, d)
+                or self.order.device != k.device):
+            self.order = torch.arange(d, device=k.device).repeat(b, h, 1)
 
     def _positions(self, a: int, b: int) -> torch.Tensor:
         """Ring rows of positions `[a, b)`, int64 on the ring's device."""
@@ -148,10 +164,14 @@ class KeyBlocks:
         assert self.buf is not None
         self.buf.index_copy_(2, self._positions(p0, p0 + k.shape[-2]), k)
 
-    def _quantize(self, x: torch.Tensor) -> QTensor:
-        """Keys `[..., n, D]` from a block start → whole blocks, the last padded with its
-        last valid token (same per-channel min/max, so the same scales)."""
+    def _quantize(self, x: torch.Tensor, first: int) -> QTensor:
+        """Keys `[..., n, D]` from position `first` (a block start) → whole blocks, the last
+        padded with its last valid token (same per-channel min/max, so the same scales)."""
         pad = -x.shape[-2] % self.block
         if pad:
             x = torch.cat([x, x[..., -1:, :].expand(*x.shape[:-2], pad, x.shape[-1])], dim=-2)
-        return self.fmt.quantize(x)
+        if self.order is None:
+            return self.fmt.quantize(x)
+        if first == 0:
+            self.order.copy_(channel_order(x[..., :self.block, :]))
+        return self.fmt.quantize(x, self.order)

@@ -1,6 +1,7 @@
 """KV storage formats: fp16/bf16/fp32, int8/int4 (affine, group-wise), fp8 (e4m3: scale per
 token `fp8`, per tensor `fp8-pt`), int4-c64 keys (per channel over 64-token blocks), int4w-c64
-keys (int4-c64 plus a fifth bit on each block's widest 3/8 channels).
+keys (int4-c64 plus a fifth bit on the widest 3/8 channels of each sequence's first
+block).
 
     >>> from kvtax.formats import KVSpec, parse_format
     >>> fmt = parse_format("int4")

@@ -6,8 +6,8 @@ Grammar (case-insensitive):
             fp8; int3 is read by the tile kernels only, docs/KERNELS.md); fp8 has a
             scale per token and head, fp8-pt one per tensor (1.0: vLLM's default fp8);
             int4-c64 / int3-c64: per channel over 64-token blocks (keys; kvtax.formats.channel);
-            int4w-c64: int4-c64 with a fifth bit on each block's widest 3/8 channels
-            (keys; kvtax.formats.widest; no fused kernel yet)
+            int4w-c64: int4-c64 with a fifth bit on the widest 3/8 channels of each
+            sequence's first block (keys; kvtax.formats.widest)
   spec   := pair [+hk | +hkv] [+ck]       +hk: Hadamard-rotate keys before quantizing;
                                           +hkv: keys and values (kvtax.formats.rotation);
                                           +ck: center keys (subtract one per-channel mean

@@ -10,9 +10,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kvtax.attention.kernels.dequant import (
-    code_offset, load_block_meta, load_codes, load_kv_tile, load_meta,
+    code_offset, half_dims, load_block_meta, load_codes, load_kv_tile, load_meta,
 )
-from kvtax.attention.kernels.widest import fifth_bit_scores
 
 
 @triton.jit
@@ -264,16 +263,19 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def load_queries(Q, b, h, o_m, o_l, m_row, s_qb, s_qh, s_ql, s_qd, G: tl.constexpr,
-                 HALF: tl.constexpr, DH: tl.constexpr, IEEE: tl.constexpr):
+def load_queries(Q, b, h, o_m, o_l, m_row, s_qb, s_qh, s_ql, s_qd, p_kc, s_kc,
+                 G: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                 K_FMT: tl.constexpr, IEEE: tl.constexpr):
     """Packed query rows `o_m` (row m = query l = m // G of head h * G + m % G) as the two
     half-width tiles q_lo, q_hi `[BLOCK_M, HALF]` (zero where `m_row` is False or past
-    DH); float32 for IEEE dots."""
-    o_d = tl.arange(0, HALF)
+    D/2), in the key tiles' channel order (`dequant.half_dims`: int4w-c64 keys are stored
+    permuted, p_kc / s_kc their codes); float32 for IEEE dots."""
+    DH: tl.constexpr = HEAD_DIM // 2
+    d_lo, d_hi = half_dims(p_kc, s_kc, HEAD_DIM, HALF, K_FMT)
     p_q = Q + b * s_qb + (h * G + o_m % G)[:, None] * s_qh + o_l.to(tl.int64)[:, None] * s_ql
-    m_q = m_row[:, None] & (o_d < DH)[None, :]
-    q_lo = tl.load(p_q + o_d[None, :] * s_qd, mask=m_q, other=0.0)
-    q_hi = tl.load(p_q + (o_d + DH)[None, :] * s_qd, mask=m_q, other=0.0)
+    m_q = m_row[:, None] & (tl.arange(0, HALF) < DH)[None, :]
+    q_lo = tl.load(p_q + d_lo[None, :] * s_qd, mask=m_q, other=0.0)
+    q_hi = tl.load(p_q + d_hi[None, :] * s_qd, mask=m_q, other=0.0)
     if IEEE:  # float32 dots throughout (fp32 models; bf16 under the interpreter)
         q_lo = q_lo.to(tl.float32)
         q_hi = q_hi.to(tl.float32)
@@ -332,7 +334,7 @@ def _fold_qk_blocks(q_lo, q_hi, p_kc, o_t, m_n, s_kc, s_lo, b_lo, s_hi, b_hi,
     """Scores `[BLOCK_M, BLOCK_N]` of int4-c64 / int3-c64 / int4w-c64 keys (FMT 4 / 5 / 7)
     in a tile inside one 64-slot block:
     q.(s * c + b) = (q * s).c + q.b, with s, b `[1, HALF]` per channel (`load_block_meta`);
-    int4w-c64's fifth bits add (q * s).(16 * fifth) (`widest.fifth_bit_scores`).
+    int4w-c64's codes carry their fifth bits (`load_codes`), its queries come permuted.
 
     Why: a decode tile has BLOCK_M (16) query rows but BLOCK_N (32-64) key rows, so
     scaling the queries costs a quarter of dequantizing the keys, and q.b is one number
@@ -348,6 +350,4 @@ def _fold_qk_blocks(q_lo, q_hi, p_kc, o_t, m_n, s_kc, s_lo, b_lo, s_hi, b_hi,
     qb = tl.sum(q_lo.to(tl.float32) * b_lo.to(tl.float32), 1)
     qb += tl.sum(q_hi.to(tl.float32) * b_hi.to(tl.float32), 1)
     qb -= off * (tl.sum(qs_lo.to(tl.float32), 1) + tl.sum(qs_hi.to(tl.float32), 1))
-    if FMT == 7:
-        s += fifth_bit_scores(qs_lo, qs_hi, p_kc, o_t, m_n, s_kc, HEAD_DIM, IEEE)
     return s + qb[:, None]

@@ -41,85 +41,21 @@ at the store.
 
 Formats (FMT): 1 int8, 2 int4 (split halves: byte j holds dim j in its low nibble and
 dim j + D/2 in its high one), 4 int4-c64 keys (int4's codes; one scale and bias vector
-per 64-slot block, folded into the queries: `_block_scores`). NG: scale groups per row
-(1 or 2; 2 = one per half; unused for int4-c64).
+per 64-slot block, folded into the queries: `_block_scores`), 7 int4w-c64 keys (code 4
+in the sequence's channel order, kvtax.formats.widest: the queries are loaded through
+that order once, and each row's fifth bits, which belong to the low nibbles of bytes
+[0, 3D/8), are OR'd into them as bit 4 before the codes become fp16: 5-bit codes enter
+the same dots, no extra work per score). NG: scale groups per row (1 or 2; 2 = one per
+half; unused for int4-c64 / int4w-c64).
 """
 
 import triton
 import triton.language as tl
 
-from kvtax.attention.kernels import swap_asm
 from kvtax.attention.kernels.common import pdl_enter, pdl_exit, sequence_of, tanh
+from kvtax.attention.kernels.swap_codes import k_halves, tiles, v_quarters
+from kvtax.attention.kernels.widest import stored_channels
 
-# PTX in swap_asm.py (shared with decode_swap_gluon.py)
-_X8_ASM = tl.constexpr(swap_asm.X8)
-_X4_ASM = tl.constexpr(swap_asm.X4)
-_X8_PAIRS_ASM = tl.constexpr(swap_asm.X8_PAIRS)
-_X4_PAIRS_ASM = tl.constexpr(swap_asm.X4_PAIRS)
-
-
-@triton.jit
-def _x(c):
-    """Codes (< 1024, any integer dtype) -> fp16 1024 + c, exact: 0x6400 | c."""
-    return (c.to(tl.uint16) | 0x6400).to(tl.float16, bitcast=True)
-
-
-@triton.jit
-def _k_halves(byte_lo, byte_hi, FMT: tl.constexpr, ASM: tl.constexpr):
-    """K code tiles -> (lo-half, hi-half) fp16 operands of 1024 + c. int8: byte_lo /
-    byte_hi are the two halves' bytes; int4 (and int4-c64): byte_lo holds both (byte_hi
-    unused)."""
-    if FMT == 2 or FMT == 4:
-        if ASM:
-            lo, hi = tl.inline_asm_elementwise(
-                asm=_X4_ASM, constraints="=r,=r,=r,=r,r", args=[byte_lo],
-                dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
-        else:
-            lo = _x(byte_lo & 0xF)
-            hi = _x(byte_lo >> 4)
-    else:
-        if ASM:
-            lo = tl.inline_asm_elementwise(asm=_X8_ASM, constraints="=r,=r,r", args=[byte_lo],
-                                           dtype=tl.float16, is_pure=True, pack=4)
-            hi = tl.inline_asm_elementwise(asm=_X8_ASM, constraints="=r,=r,r", args=[byte_hi],
-                                           dtype=tl.float16, is_pure=True, pack=4)
-        else:
-            lo = _x(byte_lo)
-            hi = _x(byte_hi)
-    return lo, hi
-
-
-@triton.jit
-def _v_quarters(w_lo, w_hi, FMT: tl.constexpr, ASM: tl.constexpr):
-    """Transposed V pair tiles [D/4, slots] uint16 -> four fp16 operands of centered
-    codes (c - 128, int4 c - 8) for the dims (2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1).
-    int8: w_lo / w_hi hold the pairs of the lo / hi half; int4: w_lo holds bytes (2j,
-    2j + 1), whose low nibbles are dims 2j, 2j + 1 and high nibbles dims D/2 + 2j,
-    D/2 + 2j + 1 (w_hi unused)."""
-    if FMT == 2:
-        if ASM:
-            a, b, c, d = tl.inline_asm_elementwise(
-                asm=_X4_PAIRS_ASM, constraints="=r,=r,=r,=r,r", args=[w_lo],
-                dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=2)
-        else:
-            a = _x(w_lo & 0xF) - 1032.0
-            b = _x((w_lo >> 8) & 0xF) - 1032.0
-            c = _x((w_lo >> 4) & 0xF) - 1032.0
-            d = _x(w_lo >> 12) - 1032.0
-    else:
-        if ASM:
-            a, b = tl.inline_asm_elementwise(
-                asm=_X8_PAIRS_ASM, constraints="=r,=r,r", args=[w_lo],
-                dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
-            c, d = tl.inline_asm_elementwise(
-                asm=_X8_PAIRS_ASM, constraints="=r,=r,r", args=[w_hi],
-                dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
-        else:
-            a = _x(w_lo & 0xFF) - 1152.0
-            b = _x(w_lo >> 8) - 1152.0
-            c = _x(w_hi & 0xFF) - 1152.0
-            d = _x(w_hi >> 8) - 1152.0
-    return a, b, c, d
 
 
 @triton.jit
@@ -189,47 +125,6 @@ def _block_scores(a0_lo, a0_hi, a1_lo, a1_hi, bq_lo0, bq_lo1, bq_hi0, bq_hi1, km
 
 
 @triton.jit
-def _tiles(p_kc, p_vc, slot0, length, s_kc_t, s_vc_t, HEAD_DIM: tl.constexpr,
-           K_FMT: tl.constexpr, V_FMT: tl.constexpr, MASKED: tl.constexpr):
-    """One stream's 16 slots from slot0: K bytes (lo, hi; int4: both halves in lo) as
-    [16, D/2] uint8 and V pairs (lo, hi; int4: all in lo) as [D/4, 16] uint16, the V
-    tile addressed transposed so that it feeds the dot as loaded (an explicit tl.trans
-    kept Triton's pipeliner from staging it through cp.async: plain loads every step)."""
-    DH: tl.constexpr = HEAD_DIM // 2
-    DQ: tl.constexpr = HEAD_DIM // 4
-    o_s = slot0 + tl.arange(0, 16)
-    o_d = tl.arange(0, DH)
-    o_j = tl.arange(0, DQ)
-    p_k = p_kc + o_s.to(tl.int64)[:, None] * s_kc_t + o_d[None, :]
-    p16 = p_vc.to(tl.pointer_type(tl.uint16), bitcast=True)
-    p_v = p16 + o_s.to(tl.int64)[None, :] * (s_vc_t // 2) + o_j[:, None]
-    if MASKED:
-        m = (o_s < length)[:, None]
-        k_lo = tl.load(p_k, mask=m, other=0)
-        v_lo = tl.load(p_v, mask=m.T, other=0)
-        if K_FMT == 1:
-            k_hi = tl.load(p_k + DH, mask=m, other=0)
-        else:
-            k_hi = k_lo
-        if V_FMT == 1:
-            v_hi = tl.load(p_v + DQ, mask=m.T, other=0)
-        else:
-            v_hi = v_lo
-    else:
-        k_lo = tl.load(p_k)
-        v_lo = tl.load(p_v)
-        if K_FMT == 1:
-            k_hi = tl.load(p_k + DH)
-        else:
-            k_hi = k_lo
-        if V_FMT == 1:
-            v_hi = tl.load(p_v + DQ)
-        else:
-            v_hi = v_lo
-    return k_lo, k_hi, v_lo, v_hi
-
-
-@triton.jit
 def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
           kmeta, vmeta, start, step, length, q_pos,
           bq_lo0, bq_lo1, bq_hi0, bq_hi1, qs_lo, qs_hi, col,
@@ -246,14 +141,14 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
     Over 80 lines: one step's loads, scores, masks, softmax and P @ V share ~20 values
     that a split would thread through helpers of as many arguments.
     """
-    k0_lo, k0_hi, v0_lo, v0_hi = _tiles(p_kc, p_vc, start, length, s_kc_t, s_vc_t,
+    k0_lo, k0_hi, v0_lo, v0_hi = tiles(p_kc, p_vc, start, length, s_kc_t, s_vc_t,
                                         HEAD_DIM, K_FMT, V_FMT, MASKED)
-    k1_lo, k1_hi, v1_lo, v1_hi = _tiles(p_kc, p_vc, start + 16, length, s_kc_t, s_vc_t,
+    k1_lo, k1_hi, v1_lo, v1_hi = tiles(p_kc, p_vc, start + 16, length, s_kc_t, s_vc_t,
                                         HEAD_DIM, K_FMT, V_FMT, MASKED)
     # next step's metadata, loaded a step ahead (plain loads the pipeliner does not stage)
     nslot = start + step + moff
     nm = nslot < length
-    if K_FMT == 4:
+    if K_FMT == 4 or K_FMT == 7:
         nk = _block_meta(p_ks, p_kb, start + step, length, HEAD_DIM)
     else:
         nk = _meta(p_ks, p_kb, nslot, nm, s_km_t, K_NG)
@@ -261,9 +156,9 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
     vs_lo, vb_lo, vs_hi, vb_hi = vmeta
 
     # ---- scores S^T [16, 8]: column c is stream c // 4, row c % 4
-    a0_lo, a0_hi = _k_halves(k0_lo, k0_hi, K_FMT, ASM)
-    a1_lo, a1_hi = _k_halves(k1_lo, k1_hi, K_FMT, ASM)
-    if K_FMT == 4:
+    a0_lo, a0_hi = k_halves(k0_lo, k0_hi, K_FMT, ASM)
+    a1_lo, a1_hi = k_halves(k1_lo, k1_hi, K_FMT, ASM)
+    if K_FMT == 4 or K_FMT == 7:
         sc = _block_scores(a0_lo, a0_hi, a1_lo, a1_hi, bq_lo0, bq_lo1, bq_hi0, bq_hi1,
                            kmeta, col, qk_scale, HEAD_DIM)
     else:
@@ -320,12 +215,12 @@ def _step(acc_a, acc_b, acc_c, acc_d, m_i, l_acc, b_lo, b_hi, t_v,
     p1_hi = tl.where(first, 0.0, p16_hi)
 
     # ---- O^T [D, 8] += V^T @ P^T, per stream, even / odd dims, lo / hi halves
-    e0, o0, e1, o1 = _v_quarters(v0_lo, v0_hi, V_FMT, ASM)
+    e0, o0, e1, o1 = v_quarters(v0_lo, v0_hi, V_FMT, ASM)
     acc_a = tl.dot(e0, p0_lo, acc_a)
     acc_b = tl.dot(o0, p0_lo, acc_b)
     acc_c = tl.dot(e1, p0_hi, acc_c)
     acc_d = tl.dot(o1, p0_hi, acc_d)
-    e0, o0, e1, o1 = _v_quarters(v1_lo, v1_hi, V_FMT, ASM)
+    e0, o0, e1, o1 = v_quarters(v1_lo, v1_hi, V_FMT, ASM)
     acc_a = tl.dot(e0, p1_lo, acc_a)
     acc_b = tl.dot(o0, p1_lo, acc_b)
     acc_c = tl.dot(e1, p1_hi, acc_c)
@@ -379,15 +274,22 @@ def decode_swap_kernel(
         pid_bh, n_kv_heads, Lens, Lens, length_host, 0, 1, False, HAS_LENS, False)
     n_rows = G * n_q
 
-    # ---- queries as block-diagonal B operands [D/2, 8] per half (fp16, as the codes)
+    p_kc = Kc + b * s_kc_b + h * s_kc_h
+    # ---- queries as block-diagonal B operands [D/2, 8] per half (fp16, as the codes);
+    # int4w-c64: query dim order[j] meets stored channel j
     o_k = tl.arange(0, DH)
     col = tl.arange(0, 8)
     r = col % 4
+    if K_FMT == 7:
+        d_lo, d_hi = stored_channels(p_kc, s_kc_t, HEAD_DIM)
+    else:
+        d_lo = o_k.to(tl.int64)
+        d_hi = d_lo + DH
     p_q = (Q + b * s_qb + (h * G + r % G).to(tl.int64)[None, :] * s_qh
-           + (r // G).to(tl.int64)[None, :] * s_ql + o_k[:, None] * s_qd)
+           + (r // G).to(tl.int64)[None, :] * s_ql)
     m_q = (r < n_rows)[None, :]
-    q_lo = tl.load(p_q, mask=m_q, other=0.0).to(tl.float16)
-    q_hi = tl.load(p_q + DH * s_qd, mask=m_q, other=0.0).to(tl.float16)
+    q_lo = tl.load(p_q + d_lo[:, None] * s_qd, mask=m_q, other=0.0).to(tl.float16)
+    q_hi = tl.load(p_q + d_hi[:, None] * s_qd, mask=m_q, other=0.0).to(tl.float16)
     top = (col < 4)[None, :]
     bq_lo0 = tl.where(top, q_lo, 0.0)
     bq_lo1 = tl.where(top, 0.0, q_lo)
@@ -399,7 +301,6 @@ def decode_swap_kernel(
     # padded columns are never stored
     q_pos = length - n_q + r // G - min_dist
 
-    p_kc = Kc + b * s_kc_b + h * s_kc_h
     p_vc = Vc + b * s_vc_b + h * s_vc_h
     p_ks = Ks + b * s_km_b + h * s_km_h
     p_kb = Kb + b * s_km_b + h * s_km_h
@@ -428,7 +329,7 @@ def decode_swap_kernel(
     full_end = tl.maximum(length - n_q + 1 - min_dist, 0) // BN * BN
     first_slot = off + moff
     mk = first_slot < length
-    if K_FMT == 4:
+    if K_FMT == 4 or K_FMT == 7:
         kmeta = _block_meta(p_ks, p_kb, off, length, HEAD_DIM)
     else:
         kmeta = _meta(p_ks, p_kb, first_slot, mk, s_km_t, K_NG)

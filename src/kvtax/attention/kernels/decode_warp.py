@@ -21,8 +21,9 @@ tile's largest scale so the fp16 operand keeps its precision.
 
 Formats: 0 float (the cache dtype is fed to the dots as is), 1 int8, 2 int4 (split
 halves), 3 fp8 e4m3 (codes passed as uint8), 4 int4-c64 keys (per-channel scales of a
-64-slot block: folded into the queries, `_block_scores`), 7 int4w-c64 keys (code 4 plus
-fifth bits, kernels/widest.py). Integer formats need group
+64-slot block: folded into the queries, `_block_scores`), 7 int4w-c64 keys (code 4 in a
+stored channel order, the queries loaded through it, plus fifth bits in the low nibbles'
+codes, kernels/widest.py). Integer formats need group
 size >= D/2 and a power-of-two head dim; the wrapper routes other shapes to `decode.py`.
 
 HAS_MIN_DIST (constexpr, off by default) hides keys closer than `min_dist` to the query
@@ -36,10 +37,10 @@ import triton.language as tl
 from kvtax.attention.kernels.common import (
     dot_acc, head_pointers, pdl_enter, pdl_exit, sequence_of, tanh, visible, window_runs,
 )
+from kvtax.attention.kernels.dequant import half_dims
 from kvtax.attention.kernels.warp_tiles import (
     block_meta, tile_meta, tile_operands, v_pair_operands,
 )
-from kvtax.attention.kernels.widest import gathered_fifth_scores
 
 
 @triton.jit
@@ -65,21 +66,16 @@ def _pv(acc, p, v, scale, inv_t, DT: tl.constexpr, FMT: tl.constexpr, IEEE: tl.c
 
 @triton.jit
 def _block_scores(q_lo, q_hi, k_lo, k_hi, p_ks, p_kb, start, zeros_s, qk_scale,
-                  p_q, s_qd, m_row, p_kc, o_n, m_n, s_kc,
-                  HEAD_DIM: tl.constexpr, K_FMT: tl.constexpr, K_DT: tl.constexpr,
-                  IEEE: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, K_DT: tl.constexpr, IEEE: tl.constexpr):
     """Scaled scores `[BLOCK_M, BLOCK_N]` of int4-c64 keys (centered codes k_lo, k_hi):
     q.(s (c - 8) + b + 8 s) = (q * s).(c - 8) + q.(b + 8 s), per channel of the tile's
     block. Scaling the 16 query rows is cheaper than scaling the 32 key rows, and the
     centered codes keep the rounded q * s from meeting any large offset. int4w-c64 keys
-    (K_FMT 7) add their fifth bits' (q * s).(16 f) (`widest.gathered_fifth_scores`)."""
+    alike: 5-bit codes, queries and metadata in its stored channel order."""
     s_lo, b_lo, s_hi, b_hi = block_meta(p_ks, p_kb, start, HEAD_DIM)
     qs_lo = (q_lo.to(tl.float32) * s_lo).to(K_DT)
     qs_hi = (q_hi.to(tl.float32) * s_hi).to(K_DT)
     s = dot_acc(qs_hi, tl.trans(k_hi), dot_acc(qs_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
-    if K_FMT == 7:
-        s += gathered_fifth_scores(p_q, s_qd, m_row, p_ks, p_kc, start, o_n, m_n, s_kc,
-                                   HEAD_DIM, K_DT, IEEE)
     qb = tl.sum(q_lo.to(tl.float32) * b_lo, 1) + tl.sum(q_hi.to(tl.float32) * b_hi, 1)
     return (s + qb[:, None]) * qk_scale
 
@@ -107,7 +103,6 @@ def _rescale(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v, m_ti
 def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
           vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start, step, hi,
           length, kv0, p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc, s_km, s_vc, s_vm,
-          p_q, s_qd, m_row,
           sinks, ring, window, qk_scale, cap_log2, HEAD_DIM: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
@@ -122,9 +117,8 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     `[BLOCK_M]` (sum of P * V bias), m_i/l_i `[BLOCK_M]` (base 2), t_v the V scale
     reference, vs_lo..vb_hi this tile's V scales and biases (`tile_meta`; the step returns
     the next tile's, `start + step`, loaded at its start). q_lo/q_hi the K operands'
-    queries, qs_lo/qs_hi their row sums; p_q `[BLOCK_M, 1]` the query rows' pointers (dim
-    stride s_qd, rows m_row: int4w-c64's gathers). MASKED=False: every row sees every slot
-    of the tile.
+    queries (int4w-c64: in its stored channel order), qs_lo/qs_hi their row sums.
+    MASKED=False: every row sees every slot of the tile.
 
     Why the V metadata is prefetched by hand: Triton's pipeliner staged the codes and the
     K metadata through cp.async but left one V metadata load inside the iteration that
@@ -148,8 +142,7 @@ def _step(acc_lo, acc_hi, acc_c, acc_d, bias_lo, bias_hi, m_i, l_i, t_v,
     if K_FMT == 4 or K_FMT == 7:  # tile_meta gave zeros: the scales are per channel of
         # a block
         s = _block_scores(q_lo, q_hi, k_lo, k_hi, p_ks, p_kb, start, zeros_s, qk_scale,
-                          p_q, s_qd, m_row, p_kc, o_n, m_n, s_kc,
-                          HEAD_DIM, K_FMT, K_DT, IEEE)
+                          HEAD_DIM, K_DT, IEEE)
     elif K_FMT == 0:
         s = dot_acc(q_hi, tl.trans(k_hi), dot_acc(q_lo, tl.trans(k_lo), zeros_s, IEEE), IEEE)
         s = s * qk_scale
@@ -255,17 +248,16 @@ def decode_warp_kernel(
     o_l = o_m // G
     m_row = o_m < n_rows
     q_pos = length - n_q + o_l
-    o_d = tl.arange(0, DH)
-    p_q = Q + b * s_qb + (h * G + o_m % G)[:, None] * s_qh + o_l.to(tl.int64)[:, None] * s_ql
-    q_lo = tl.load(p_q + o_d[None, :] * s_qd, mask=m_row[:, None], other=0.0).to(K_DT)
-    q_hi = tl.load(p_q + (o_d + DH)[None, :] * s_qd, mask=m_row[:, None], other=0.0).to(K_DT)
-    # sum(q) per half, of the operand the dots see, for the folded K biases
-    qs_lo = tl.sum(q_lo.to(tl.float32), 1)
-    qs_hi = tl.sum(q_hi.to(tl.float32), 1)
-
     p_kc, p_ks, p_kb, p_vc, p_vs, p_vb = head_pointers(
         Kc, Ks, Kb, Vc, Vs, Vb, b, h, s_kc_b, s_kc_h, s_km_b, s_km_h, s_vc_b, s_vc_h, s_vm_b,
         s_vm_h)
+    d_lo, d_hi = half_dims(p_kc, s_kc_t, HEAD_DIM, DH, K_FMT)  # int4w-c64: its stored order
+    p_q = Q + b * s_qb + (h * G + o_m % G)[:, None] * s_qh + o_l.to(tl.int64)[:, None] * s_ql
+    q_lo = tl.load(p_q + d_lo[None, :] * s_qd, mask=m_row[:, None], other=0.0).to(K_DT)
+    q_hi = tl.load(p_q + d_hi[None, :] * s_qd, mask=m_row[:, None], other=0.0).to(K_DT)
+    # sum(q) per half, of the operand the dots see, for the folded K biases
+    qs_lo = tl.sum(q_lo.to(tl.float32), 1)
+    qs_hi = tl.sum(q_hi.to(tl.float32), 1)
 
     if V_PAIRS:  # dims 2j, 2j + 1, D/2 + 2j, D/2 + 2j + 1 (see v_pair_operands)
         acc_lo = tl.zeros([BLOCK_M, HEAD_DIM // 4], dtype=tl.float32)
@@ -338,7 +330,7 @@ def decode_warp_kernel(
                     vs_lo, vb_lo, vs_hi, vb_hi, q_lo, q_hi, qs_lo, qs_hi, q_pos, start,
                     step, valid, length, kv0,
                     p_kc, p_ks, p_kb, p_vc, p_vs, p_vb, s_kc_t, s_km_t, s_vc_t, s_vm_t,
-                    p_q, s_qd, m_row, sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
+                    sinks, ring, window, qk_scale, cap_log2, HEAD_DIM, BLOCK_M, BLOCK_N,
                     K_FMT, K_NG, V_FMT, V_NG, K_DT, V_DT, run != 1, IS_RING, HAS_WINDOW,
                     SOFTCAP, IEEE, HAS_KV_START, ASM, V_PAIRS, min_dist, min_key,
                     HAS_MIN_DIST)
@@ -358,6 +350,7 @@ def decode_warp_kernel(
         if V_FMT != 0:
             acc_lo = acc_lo * t_v + bias_lo[:, None]
             acc_hi = acc_hi * t_v + bias_hi[:, None]
+        o_d = tl.arange(0, DH)
         tl.store(p_o + o_d[None, :], acc_lo, mask=m_row[:, None])
         tl.store(p_o + (o_d + DH)[None, :], acc_hi, mask=m_row[:, None])
     pdl_exit(PDL, PDL_LATE, False)

@@ -15,15 +15,16 @@ Format codes (constexpr): 0 float (fp16/bf16/fp32 rows), 1 int8 affine, 2 int4 a
 keys (int4's split-halves codes; one scale and bias per channel per 64-slot block,
 kvtax.formats.channel, read by `load_block_meta`), 5 int3-c64 keys (code 4's block
 metadata, 3-bit codes), 6 int3 affine (code 2's per-token groups, 3-bit codes), 7
-int4w-c64 keys (code 4 plus a fifth bit on each block's widest channels, kernels/widest.py;
-tiles of at most 64 slots). 3-bit codes are kvtax.formats.packing's two bit planes,
-unpacked by `_int3_codes`.
+int4w-c64 keys (code 4's layout in a stored channel order, plus a fifth bit on the low
+nibbles of stored channels [0, 3D/8), kernels/widest.py: its tiles hold the stored
+channels, `half_dims` says which model dims). 3-bit codes are kvtax.formats.packing's two
+bit planes, unpacked by `_int3_codes`.
 """
 
 import triton
 import triton.language as tl
 
-from kvtax.attention.kernels.widest import fifth_key_bits
+from kvtax.attention.kernels.widest import fifth_bits, stored_channels
 
 
 @triton.jit
@@ -140,11 +141,12 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
     strides of codes and of scales/biases (elements); s_lo..b_hi come from `load_meta`.
     With DTYPE fp16 the codes convert and scale in fp16; bf16 int4 / int3 codes in bf16 (exact,
     one rounding per FMA: prefill 244 -> 296 TFLOP/s on an H200); else in float32.
-    Masked slots (`m_t` False) read 0. Returns lo, hi `[BLOCK_N, HALF]` in DTYPE.
+    Masked slots (`m_t` False) read 0. Returns lo, hi `[BLOCK_N, HALF]` in DTYPE (int4w-c64:
+    the stored channels, `half_dims`).
     """
     DH: tl.constexpr = HEAD_DIM // 2
     # fp16 models dequantize in fp16 (an fma rounds once, as f32-then-round does); bf16
-    # models int4 / int3 codes in bf16 too (0..15 are exact, the fma rounds once); else
+    # models int4 / int3 codes in bf16 too (0..31 are exact, the fma rounds once); else
     # float32
     MATH: tl.constexpr = (tl.float16 if DTYPE == tl.float16 else
                           tl.bfloat16 if DTYPE == tl.bfloat16 and (
@@ -153,16 +155,10 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
     o_d = tl.arange(0, HALF)
     m = m_t[:, None] & (o_d < DH)[None, :]
     p_row = p_codes + o_t[:, None] * s_ct  # [BLOCK_N, 1]
-    if FMT == 2 or FMT == 4:
-        byte = tl.load(p_row + o_d[None, :], mask=m, other=0)  # [BLOCK_N, HALF] uint8
-        c_lo = _codes_to(byte & 0xF, MATH)
-        c_hi = _codes_to(byte >> 4, MATH)
-    elif FMT == 7:  # 5-bit codes 0..31: exact in fp16 and bf16
-        tl.static_assert(BLOCK_N <= 64, "int4w-c64 tiles lie in one 64-slot block")
-        byte = tl.load(p_row + o_d[None, :], mask=m, other=0)
-        f_lo, f_hi = fifth_key_bits(p_codes, o_t, m_t, s_ct, HEAD_DIM)
-        c_lo = _codes_to(byte & 0xF, MATH) + 16.0 * f_lo.to(MATH)
-        c_hi = _codes_to(byte >> 4, MATH) + 16.0 * f_hi.to(MATH)
+    if FMT == 2 or FMT == 4 or FMT == 7:
+        c_lo, c_hi = _nibbles(p_row, o_d, m_t, m, HEAD_DIM, FMT)  # [BLOCK_N, HALF]
+        c_lo = _codes_to(c_lo, MATH)
+        c_hi = _codes_to(c_hi, MATH)
     elif FMT == 5 or FMT == 6:
         i_lo, i_hi = _int3_codes(p_row, o_d, m_t, m, HEAD_DIM, HALF)
         c_lo = _codes_to(i_lo, MATH)
@@ -201,6 +197,34 @@ def load_kv_tile(p_codes, p_scales, p_biases, o_t, m_t, s_ct, s_mt,
 
 
 @triton.jit
+def _nibbles(p_row, o_d, m_t, m, HEAD_DIM: tl.constexpr, FMT: tl.constexpr):
+    """Split-halves codes of a tile: lo, hi `[BLOCK_N, HALF]` (p_row `[BLOCK_N, 1]` the
+    rows, o_d `[HALF]` the byte columns, m_t `[BLOCK_N]` the valid slots, m the valid
+    (slot, column) pairs; masked slots read 0). int4w-c64 (FMT 7): the low nibbles carry
+    their fifth bits, codes 0..31 (`widest.fifth_bits`)."""
+    byte = tl.load(p_row + o_d[None, :], mask=m, other=0)  # uint8
+    lo = byte & 0xF
+    if FMT == 7:
+        lo = lo.to(tl.int32) | fifth_bits(p_row, m_t[:, None], HEAD_DIM)
+    return lo, byte >> 4
+
+
+@triton.jit
+def half_dims(p_codes, s_ct, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, FMT: tl.constexpr):
+    """The model dims of a tile's lo / hi columns, `[HALF]` int32 each: [0, D/2) and
+    [D/2, D) (columns past D/2 are padding, masked by the callers), or for int4w-c64
+    (FMT 7) the model channels of stored channels [0, D/2) and [D/2, D)
+    (`widest.stored_channels`, from the rows at p_codes, code row stride s_ct): load
+    queries through them once, or store dequantized keys through them."""
+    if FMT == 7:
+        d_lo, d_hi = stored_channels(p_codes, s_ct, HEAD_DIM)
+    else:
+        d_lo = tl.arange(0, HALF)
+        d_hi = d_lo + HEAD_DIM // 2
+    return d_lo, d_hi
+
+
+@triton.jit
 def _codes_to(c, DT: tl.constexpr):
     """Exact integer codes (0..255; bf16: 0..127) as DT without the slow int→float unit."""
     if DT == tl.float16:
@@ -232,17 +256,15 @@ def load_codes(p_codes, o_t, m_t, s_ct, HEAD_DIM: tl.constexpr, HALF: tl.constex
     Returns lo, hi `[BLOCK_N, HALF]`: value = code + `code_offset(FMT, DTYPE)` for int
     formats (fp16 skips the subtraction: the key fold takes it off through the bias term,
     the value fold before its dot, `common._fold_pv`), the
-    decoded e4m3 value for fp8. Masked slots read code 0. int4w-c64 (FMT 7): the low 4
-    bits only (its fifth bits fold in through `widest.fifth_bit_scores`).
+    decoded e4m3 value for fp8. Masked slots read code 0. int4w-c64 (FMT 7): 5-bit codes
+    of the stored channels (`_nibbles`).
     """
     DH: tl.constexpr = HEAD_DIM // 2
     o_d = tl.arange(0, HALF)
     m = m_t[:, None] & (o_d < DH)[None, :]
     p_row = p_codes + o_t[:, None] * s_ct
     if FMT == 2 or FMT == 4 or FMT == 7:
-        byte = tl.load(p_row + o_d[None, :], mask=m, other=0)
-        c_lo = byte & 0xF
-        c_hi = byte >> 4
+        c_lo, c_hi = _nibbles(p_row, o_d, m_t, m, HEAD_DIM, FMT)
     elif FMT == 5 or FMT == 6:
         c_lo, c_hi = _int3_codes(p_row, o_d, m_t, m, HEAD_DIM, HALF)
     else:

@@ -59,11 +59,11 @@ def prefill_attn_fwd_kernel(
     o_l = o_m // G
     m_row = o_l < n_q
     q_pos = length - n_q + o_l  # [BLOCK_M]
-    q_lo, q_hi = load_queries(Q, b, h, o_m, o_l, m_row, s_qb, s_qh, s_ql, s_qd, G, HALF, DH,
-                              IEEE)  # [BLOCK_M, HALF]
     p_kc, p_ks, p_kb, p_vc, p_vs, p_vb = head_pointers(
         Kc, Ks, Kb, Vc, Vs, Vb, b, h, s_kc_b, s_kc_h, s_km_b, s_km_h, s_vc_b, s_vc_h, s_vm_b,
         s_vm_h)
+    q_lo, q_hi = load_queries(Q, b, h, o_m, o_l, m_row, s_qb, s_qh, s_ql, s_qd, p_kc, s_kc_t,
+                              G, HEAD_DIM, HALF, K_FMT, IEEE)  # [BLOCK_M, HALF]
 
     acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
     acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)

@@ -8,12 +8,14 @@ fused kernels' fp16 / bf16 arithmetic rounds per fma: the two differ by at most 
 and Triton's interpreter computes bf16 bit-cast arithmetic wrongly). Slots at or past
 `start + n` are written as what a masked load gives (zeros, or a block's bias): finite,
 so the attention that reads them masked never multiplies an Inf or NaN by zero.
+int4w-c64 keys, stored in their own channel order, are written back in the model's
+(`dequant.half_dims`), so the fp16 attention over `Out` takes the queries as they are.
 """
 
 import triton
 import triton.language as tl
 
-from kvtax.attention.kernels.dequant import load_block_meta, load_kv_tile, load_meta
+from kvtax.attention.kernels.dequant import half_dims, load_block_meta, load_kv_tile, load_meta
 
 
 @triton.jit(do_not_specialize=["start", "n"])
@@ -48,10 +50,9 @@ def stage_slots_kernel(
                           HEAD_DIM, HALF, BLOCK_N, FMT, GS, tl.float32)
     lo = lo.to(Out.dtype.element_ty)
     hi = hi.to(Out.dtype.element_ty)
-    DH: tl.constexpr = HEAD_DIM // 2
     o_r = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    o_d = tl.arange(0, HALF)
     p_o = Out + b * s_o_b + h * s_o_h + o_r[:, None] * s_o_t
-    m_d = (o_d < DH)[None, :]
-    tl.store(p_o + o_d[None, :], lo, mask=m_d)
-    tl.store(p_o + (o_d + DH)[None, :], hi, mask=m_d)
+    d_lo, d_hi = half_dims(p_c, s_c_t, HEAD_DIM, HALF, FMT)
+    m_d = (tl.arange(0, HALF) < HEAD_DIM // 2)[None, :]
+    tl.store(p_o + d_lo[None, :], lo, mask=m_d)
+    tl.store(p_o + d_hi[None, :], hi, mask=m_d)

@@ -11,6 +11,8 @@ dims (why: its docstring); `tile_meta` loads a tile's scales and centered biases
 import triton
 import triton.language as tl
 
+from kvtax.attention.kernels.widest import fifth_bits
+
 
 @triton.jit
 def _centered(c, OFF: tl.constexpr):
@@ -116,22 +118,27 @@ def tile_operands(p_codes, o_n, m_n, s_ct, HEAD_DIM: tl.constexpr, FMT: tl.const
               DT: tl.constexpr, ASM: tl.constexpr):
     """Tile of slots `o_n` (int32) as MMA operands: lo, hi `[BLOCK_N, D/2]` in DT.
 
-    Float formats: the stored rows. int8/int4 (and int4-c64): centered codes. fp8: decoded
+    Float formats: the stored rows. int8/int4 (and int4-c64): centered codes. int4w-c64:
+    centered 5-bit codes (c - 8) of its stored channels (kernels/widest.py). fp8: decoded
     values.
     Slots where `m_n` is False read code 0 (their scores are masked, their P is 0);
     m_n None loads the whole tile unmasked.
     """
     DH: tl.constexpr = HEAD_DIM // 2
     o_d = tl.arange(0, DH)
-    p_row = p_codes + o_n[:, None].to(tl.int64) * s_ct + o_d[None, :]
+    p_rows = p_codes + o_n[:, None].to(tl.int64) * s_ct  # [BLOCK_N, 1]
+    p_row = p_rows + o_d[None, :]
     m = None if m_n is None else m_n[:, None]
-    if FMT == 2 or FMT == 4 or FMT == 7:  # int4w-c64: its nibbles (fifth bits: widest.py)
+    if FMT == 2 or FMT == 4 or FMT == 7:
         byte = _load(p_row, m)
         if ASM:
             lo, hi = _int4_asm(byte)
         else:
             lo = _centered(byte & 0xF, 8.0)
             hi = _centered(byte >> 4, 8.0)
+        if FMT == 7:  # 5-bit codes: + 16 per fifth bit, exact in fp16 (after the PTX,
+            # which masks the nibbles: fewer spills for sm_90 than OR-ing it in first)
+            lo = lo + _centered(fifth_bits(p_rows, m, HEAD_DIM), 0.0)
     else:
         r_lo = _load(p_row, m)
         r_hi = _load(p_row + DH, m)
