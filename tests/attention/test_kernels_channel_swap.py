@@ -156,15 +156,16 @@ def test_launch_table_routes_k4c64v4_decode_to_the_gluon_kernel(compiled, dtype,
     assert launch_config(q, view, masked=True).kernel == "warp"
 
 
-def test_gluon_refuses_widest_keys_and_the_table_takes_decode_warp(compiled):
-    """`k4w-c64v4` decode at head_dim 128, G 4: the Gluon kernel copies 64-byte key rows,
-    an int4w-c64 row is 72 bytes, so the table takes decode_warp; an explicit swap config
-    runs the twin (test_swap_twin_matches_reference)."""
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_launch_table_routes_k4wc64v4_decode_to_the_gluon_kernel(compiled, dtype):
+    """`k4w-c64v4` decode at head_dim 128, G 4: kernel "swap" (the Gluon kernel), 8
+    programs per SM (its 72-byte rows go by 8-byte copies: 202-242 registers)."""
     q, view = channel_view("int4", key="int4w-c64", d=128, h_kv=8, group=4, ctx=4096,
-                           n_q=1)
-    assert "72 bytes" in gluon_swap_reason(q, view)
-    assert swap_reason(q, view) is None
-    assert launch_config(q, view).kernel == "warp"
+                           n_q=1, dtype=dtype)
+    assert gluon_swap_reason(q, view) is None
+    cfg = launch_config(q, view)
+    assert (cfg.path, cfg.kernel) == ("decode", "swap"), cfg
+    assert cfg == swap_decode_config(q, view, per_sm=8)
 
 
 @pytest.mark.parametrize("value, d, group, kernel", [

@@ -1,5 +1,6 @@
 """decode_swap_gluon.py over int4-c64 keys beside int4 g64 values (`k4-c64v4`, q4's
-body at Llama's shapes) against the float32 reference (needs CUDA: Gluon does not run in
+body at Llama's shapes), and over int4w-c64 keys (`k4w-c64v4`: the sequence's channel
+order, fifth bits, 72-byte rows) against the float32 reference (needs CUDA: Gluon does not run in
 Triton's interpreter; tests/attention/test_kernels_channel_swap.py runs the Triton twin
 there). Contexts 1 to 70k, lengths off the 64-token blocks, over block-aligned storage with
 spare capacity whose blocks wholly past the length carry NaN metadata and whose V
@@ -22,6 +23,7 @@ from tests.support import kernels as ke
 from tests.support.channel import channel_view
 
 pytestmark = [pytest.mark.gpu, pytest.mark.kernels]  # Gluon: compiled only
+KEYS = ["int4-c64", "int4w-c64"]
 
 
 @pytest.fixture(autouse=True)
@@ -29,18 +31,20 @@ def _poison(monkeypatch):
     monkeypatch.setattr(launch, "POISON_WORKSPACE", True)  # unwritten partials show as NaN
 
 
-def _build(ctx, group, batch, n_q, dtype, extra=77, seed=0):
-    """q [batch, 2 * group, n_q, 128] and a k4-c64v4 view of `ctx` tokens in storage of
-    ctx + extra slots rounded up to 64: codes past ctx random, K block metadata of blocks
-    wholly past ctx and V metadata past ctx NaN."""
+def _build(ctx, group, batch, n_q, dtype, extra=77, seed=0, key="int4-c64"):
+    """q [batch, 2 * group, n_q, 128] and a k4-c64v4 (or `key`) view of `ctx` tokens in
+    storage of ctx + extra slots rounded up to 64: codes past ctx random (int4w-c64: the
+    nibbles and fifth bits, not the channel order every block's rows carry), K block
+    metadata of blocks wholly past ctx and V metadata past ctx NaN."""
     cap = -(-(ctx + extra) // 64) * 64
     q, view = channel_view("int4", d=128, h_kv=2, group=group, ctx=cap, n_q=n_q, batch=batch,
-                           dtype=dtype, seed=seed)
+                           dtype=dtype, seed=seed, key=key)
     view = dataclasses.replace(view, length=ctx)
     used = -(-ctx // 64) * 64  # the partial last block's metadata is real
     for qt, first in ((view.k, used), (view.v, ctx)):
-        qt.codes[:, :, ctx:] = torch.randint(0, 256, qt.codes[:, :, ctx:].shape,
-                                             dtype=torch.uint8, device="cuda")
+        w = 64 + 6 if qt is view.k and key == "int4w-c64" else qt.codes.shape[-1]
+        qt.codes[:, :, ctx:, :w] = torch.randint(0, 256, qt.codes[:, :, ctx:, :w].shape,
+                                                 dtype=torch.uint8, device="cuda")
         qt.scales[:, :, first:] = float("nan")
         qt.biases[:, :, first:] = float("nan")
     return q, view
@@ -58,39 +62,43 @@ def _check(q, view, what, **kwargs):
 @pytest.mark.parametrize("group", [1, 2, 4])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_gluon_c64_matches_reference(ctx, group, batch, dtype):
-    q, view = _build(ctx, group, batch, 1, dtype, seed=ctx + group)
+@pytest.mark.parametrize("key", KEYS)
+def test_gluon_c64_matches_reference(ctx, group, batch, dtype, key):
+    q, view = _build(ctx, group, batch, 1, dtype, seed=ctx + group, key=key)
     cfg = ta.launch_config(q, view)
     assert cfg.kernel == "swap" and ta.gluon_swap_reason(q, view) is None, cfg
-    _check(q, view, f"c64 ctx={ctx} G={group} B={batch} {dtype}")
+    _check(q, view, f"{key} ctx={ctx} G={group} B={batch} {dtype}")
 
 
 @pytest.mark.parametrize("ctx", [2, 64, 65, 4096 + 13])
-def test_gluon_c64_causal_two_rows(ctx):
+@pytest.mark.parametrize("key", KEYS)
+def test_gluon_c64_causal_two_rows(ctx, key):
     """L = 2 (G * L = 4): the newest key, first of a block at ctx 65, is hidden from the
     first query row."""
-    q, view = _build(ctx, 2, 1, 2, torch.float16, seed=ctx)
+    q, view = _build(ctx, 2, 1, 2, torch.float16, seed=ctx, key=key)
     assert ta.launch_config(q, view).kernel == "swap"
     _check(q, view, f"c64 L=2 ctx={ctx}")
 
 
 @pytest.mark.parametrize("splits", [1, 3, 64])
 @pytest.mark.parametrize("stages", [2, 3])
-def test_gluon_c64_splits_and_stages(splits, stages):
+@pytest.mark.parametrize("key", KEYS)
+def test_gluon_c64_splits_and_stages(splits, stages, key):
     """Odd split counts put a split's strided steps in both halves of different blocks;
     more splits than steps leave some empty (m = -inf, l = 0); ring depths 2, 3 carry
     the block vectors beside the codes."""
-    q, view = _build(1000, 4, 2, 1, torch.float16, seed=splits)
+    q, view = _build(1000, 4, 2, 1, torch.float16, seed=splits, key=key)
     cfg = dataclasses.replace(ta.swap_decode_config(q, view), num_splits=splits,
                               num_stages=stages)
     assert ta.gluon_swap_reason(q, view) is None
     _check(q, view, f"c64 splits={splits} stages={stages}", config=cfg)
 
 
-def test_gluon_c64_per_row_lengths():
+@pytest.mark.parametrize("key", KEYS)
+def test_gluon_c64_per_row_lengths(key):
     """B = 2 with device lengths, one ending mid-block (the rest of its block is stored,
     its metadata shared with the visible tokens, and must stay unseen)."""
-    q, view = _build(3000, 4, 2, 1, torch.float16)
+    q, view = _build(3000, 4, 2, 1, torch.float16, key=key)
     lens = torch.tensor([3000, 1234], dtype=torch.int32, device="cuda")
     out = ta.triton_attention(q, view, lengths=lens)
     for b, n in enumerate(lens.tolist()):
@@ -120,11 +128,12 @@ def test_gluon_c64_cuda_graph_with_device_length():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_gluon_c64_keys_far_from_zero(dtype):
+@pytest.mark.parametrize("key", KEYS)
+def test_gluon_c64_keys_far_from_zero(dtype, key):
     """Keys with large per-channel offsets and narrow ranges: q.b dominates each score and
     the codes' 1024 offset must cancel against the same rounded q s (block vectors of
     different offsets per block, so a stale vector shows)."""
-    q, view = _build(5000, 4, 1, 1, dtype)
+    q, view = _build(5000, 4, 1, 1, dtype, key=key)
     gen = torch.Generator().manual_seed(9)
     slots = view.k.codes.shape[2]
     shift = 20.0 * torch.randn(1, 2, slots // 64, 1, 128, generator=gen)

@@ -372,7 +372,7 @@ def _launch_swap_gluon(a: _Args, part: tuple, slots: dict) -> None:
     kc, ks, kb = storage_parts(view.k)
     vc, vs, vb = storage_parts(view.v)
     words = [t.view(torch.int32)[..., 0] for t in (ks, kb, vs, vb)]
-    kc64 = a.k_fmt == 4
+    kc64 = a.k_fmt in (4, 7)  # int4w-c64 (7): int4-c64's block vectors plus fifth bits
     if kc64:
         words[:2] = ks, kb
     vc16 = vc.view(torch.int16)
@@ -384,7 +384,7 @@ def _launch_swap_gluon(a: _Args, part: tuple, slots: dict) -> None:
         G=q.shape[1] // h_kv, D=view.head_dim, STAGES=cfg.num_stages,
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
         INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, KC64=kc64,
-        HAS_MIN_DIST=a.common["HAS_MIN_DIST"],
+        HAS_MIN_DIST=a.common["HAS_MIN_DIST"], KW=a.k_fmt == 7,
         num_warps=1, **pdl_options("attention", q, cfg),
     )
 

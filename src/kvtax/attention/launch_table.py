@@ -10,8 +10,9 @@ their row below and share one workspace and one reduce (`launch.launch_parts_dec
     fp8 K and V                 → warp, 16-slot tiles (15% faster than 32)
     float K and V               → warp, 4 programs per SM (5-15% faster than 8)
     int8 / int4 the Gluon kernel serves (G * L <= 4, group 64, D 128, no soft-cap or
-    left padding; also int4-c64 keys beside int4 g64 values, q4's body, with the hybrid
-    cache's min_distance / min_key masks: whole q4 decode 0.065 ms at 128k, was 0.137)
+    left padding; also int4-c64 or int4w-c64 keys beside int4 g64 values, q4's body,
+    with the hybrid cache's min_distance / min_key masks: whole q4 decode 0.065 ms at
+    128k, was 0.137)
                                 → swap (slots as the MMA's M, no padded query rows:
                                   10-20% faster than warp)
     int8 K and V                → warp, two pipeline stages (8% faster than three)
@@ -184,7 +185,8 @@ def swap_decode_config(
     """decode_swap's launch: one warp per program, 32-slot steps, two stages, `per_sm`
     programs per SM (default 12 for int4 K and V, the most the Gluon kernel's registers
     allow, else 8; int4-c64 keys beside int4 values: 12 in fp16 (168 registers on sm_90,
-    Triton 3.6 and 3.9), 8 in bf16 (206-236: the block vectors' conversions to fp16)),
+    Triton 3.6 and 3.9), 8 in bf16 (206-236: the block vectors' conversions to fp16);
+    int4w-c64 keys 8 (202-242: the 8-byte copies of their 72-byte rows)),
     splits of >= 4 steps.
 
     Under programmatic dependent launch (kvtax.pdl) the kernel launches early only where
@@ -193,7 +195,9 @@ def swap_decode_config(
     thing only then, else at its end (docs/KERNELS.md)."""
     if per_sm is None:
         key, value = view.spec.key, view.spec.value
-        if isinstance(key, ChannelBlockFormat):
+        if isinstance(key, WidestBitFormat):  # 202-242 registers on sm_90
+            per_sm = 8
+        elif isinstance(key, ChannelBlockFormat):
             per_sm = 12 if is_int4(value) and q.dtype == torch.float16 else 8
         else:
             per_sm = 12 if is_int4(key) and is_int4(value) else 8

@@ -209,8 +209,9 @@ def gluon_swap_kernel():
 def gluon_swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     """None when decode_swap_gluon.py serves this call (the CUDA path of kernel "swap"):
     `swap_reason`'s cases with int8 or int4 in groups of 64 for both K and V at head_dim
-    128 (or int4-c64 keys beside int4 g64 values, their block metadata 16-byte aligned
-    per head for its cp.async copies), packed code rows, scales in the queries' dtype,
+    128 (or int4-c64 / int4w-c64 keys beside int4 g64 values, their block metadata 16-byte
+    aligned per head for its cp.async copies), packed code rows (int4w-c64's 72 bytes),
+    scales in the queries' dtype,
     compiled (not interpreted) Triton with Gluon. Otherwise kernel "swap" runs
     decode_swap.py, its Triton twin."""
     if interpreting():
@@ -225,18 +226,16 @@ def gluon_swap_reason(q: torch.Tensor, view: CacheView) -> str | None:
     k, v = view.spec.key, view.spec.value
     k_group = 64 if isinstance(k, ChannelBlockFormat) else k.group_size
     if view.head_dim != 128 or k.n_bits != v.n_bits or k_group != 64 or v.group_size != 64:
-        return ("Gluon swap serves int8 / int4 K and V alike (or int4-c64 keys beside "
-                "int4 values), group 64, head_dim 128")
-    if isinstance(k, WidestBitFormat):
-        return (f"{k.name} keys: the Gluon kernel copies 64-byte key rows by 16-byte cp.async "
-                f"(an {k.name} row is {k.code_width(128)} bytes; the Triton kernels read it)")
+        return ("Gluon swap serves int8 / int4 K and V alike (or int4-c64 / int4w-c64 keys "
+                "beside int4 values), group 64, head_dim 128")
     if isinstance(k, ChannelBlockFormat):
-        meta = (view.k.scales, view.k.biases)
+        meta = (view.k.scales, view.k.biases, view.k.codes)
         if any(t.data_ptr() % 16 or any(st % 16 for st in t.stride()[:2]) for t in meta):
-            return "int4-c64 key metadata is not 16-byte aligned per head"
+            return f"{k.name} key storage is not 16-byte aligned per head"
     row = 128 if k.n_bits == 8 else 64
-    for qt in (view.k, view.v):
-        if qt.codes.shape[-1] != row or qt.codes.stride(-1) != 1:
+    for qt, width in ((view.k, k.code_width(128)), (view.v, row)):
+        if qt.codes.shape[-1] != width or qt.codes.stride(-1) != 1 or \
+                qt.codes.stride(-2) != width:
             return "code rows are not packed"
         if qt.scales.dtype != q.dtype or qt.biases.dtype != q.dtype:
             return "scales are not in the queries' dtype"

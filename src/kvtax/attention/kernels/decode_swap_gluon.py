@@ -3,7 +3,9 @@ MMA's M, two 4-row streams per 32-slot step, block-diagonal Q, folded scales, st
 merged at the end of the split) with explicit layouts, for int8 or int4 K and V in
 groups of 64 at head_dim 128, G * L <= 4, full caches; and for int4-c64 keys (KC64: one
 scale and bias vector per 64-slot block, folded into the queries, `_block_scores`) beside
-int4 g64 values.
+int4 g64 values, or int4w-c64 keys (KW, with KC64: the same in the sequence's channel
+order, plus a fifth bit on the low nibbles of bytes [0, 48) of each 72-byte row,
+`_fifth_bytes`).
 
 Why a second implementation. Triton picks the layouts of decode_swap.py itself: it moves
 P and the operands through shared memory (~770 instructions per 32-slot step, ~250
@@ -29,8 +31,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from kvtax.attention.kernels import swap_asm
 from kvtax.attention.kernels.common import pdl_enter, pdl_exit  # scalar-only: Gluon calls them
+from kvtax.attention.kernels.swap_gluon_codes import (
+    fifth_bytes, halves, x4, x4_pairs, x4w, x8, x8_pairs,
+)
 
 # version bridges: cp.async global->shared is `async_copy_global_to_shared` on 3.6 and
 # `async_load` on 3.9 (the old name raises there); the partition barrier `thread_barrier`
@@ -40,55 +44,6 @@ if hasattr(async_copy, "async_load"):
 else:
     _cp_async = async_copy.async_copy_global_to_shared
 _bar = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
-# PTX in swap_asm.py (shared with decode_swap.py)
-_X8_ASM = gl.constexpr(swap_asm.X8)
-_X4_ASM = gl.constexpr(swap_asm.X4)
-_X8_PAIRS_ASM = gl.constexpr(swap_asm.X8_PAIRS)
-_X4_PAIRS_ASM = gl.constexpr(swap_asm.X4_PAIRS)
-
-
-@gluon.jit
-def _x8(c):
-    """uint8 codes (4 per 32-bit word) -> fp16 1024 + c: two prmt per 4 codes."""
-    return gl.inline_asm_elementwise(
-        asm=_X8_ASM, constraints="=r,=r,r", args=[c], dtype=gl.float16, is_pure=True, pack=4)
-
-
-@gluon.jit
-def _x8_pairs(w):
-    """uint16 pairs (dim 2p, dim 2p + 1) of int8 codes, two slots per word -> fp16
-    (even-dim code - 128, odd-dim code - 128): one prmt and one sub.f16x2 per two codes.
-    V codes are centered (unlike K's): P @ (1024 + c) accumulated over a long context
-    carries fp32 rounding of the 1024 offset (int4 at 70k tokens: over the fp16 bound)."""
-    return gl.inline_asm_elementwise(
-        asm=_X8_PAIRS_ASM, constraints="=r,=r,r", args=[w], dtype=(gl.float16, gl.float16),
-        is_pure=True, pack=2)
-
-
-@gluon.jit
-def _x4(c):
-    """Packed int4 bytes (4 per 32-bit word; low nibble = a lo-half dim, high nibble the
-    dim D/2 further) -> (fp16 1024 + lo nibble, fp16 1024 + hi nibble)."""
-    return gl.inline_asm_elementwise(
-        asm=_X4_ASM, constraints="=r,=r,=r,=r,r", args=[c], dtype=(gl.float16, gl.float16),
-        is_pure=True, pack=4)
-
-
-@gluon.jit
-def _x4_pairs(w):
-    """uint16 = packed int4 bytes (2j, 2j + 1), two slots per word -> fp16 nibble - 8
-    for dims 2j, 2j + 1 (low nibbles), D/2 + 2j, D/2 + 2j + 1 (high nibbles)."""
-    return gl.inline_asm_elementwise(
-        asm=_X4_PAIRS_ASM, constraints="=r,=r,=r,=r,r", args=[w],
-        dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=2)
-
-
-@gluon.jit
-def _halves(w, MDT: gl.constexpr):
-    """uint32 words (lo-half value, hi-half value) in the model dtype -> two fp32."""
-    lo = w.to(gl.int16).to(MDT, bitcast=True).to(gl.float32)
-    hi = (w >> 16).to(gl.int16).to(MDT, bitcast=True).to(gl.float32)
-    return lo, hi
 
 
 @gluon.jit
@@ -121,9 +76,9 @@ def _issue_block(ks_smem, kb_smem, p_ks, p_kb, dims, tile, length, STAGES: gl.co
 
 
 @gluon.jit
-def _block_scores(k_st, ks_st, kb_st, q_lo, q_hi, first, qk_scale, ka_l: gl.constexpr,
+def _block_scores(k_st, ks_st, kb_st, f_st, q_lo, q_hi, first, qk_scale, ka_l: gl.constexpr,
                   qb_l: gl.constexpr, mma: gl.constexpr, SUB: gl.constexpr,
-                  DH: gl.constexpr, NC: gl.constexpr):
+                  DH: gl.constexpr, NC: gl.constexpr, KW: gl.constexpr):
     """Scaled scores S^T [16, 8] of one step of int4-c64 keys (codes k_st [32, D/2] uint8,
     the block's scale and bias vectors ks_st, kb_st [D] in shared memory; q_lo, q_hi
     [D/2, 8] fp16, q in all 8 columns; first [1, 8] True in stream 0's columns):
@@ -135,7 +90,8 @@ def _block_scores(k_st, ks_st, kb_st, q_lo, q_hi, first, qk_scale, ka_l: gl.cons
     against the same rounded q s the codes meet. Each stream's codes meet q s in all 8
     columns and the score tile keeps stream 0's columns from the first product, stream 1's
     from the second: 4 selects a lane, where block-diagonal operands (q s times the
-    column masks) took 32 HMUL2."""
+    column masks) took 32 HMUL2. KW (int4w-c64): f_st [32, D/2] holds each low nibble's
+    fifth bit at bit 4 (`_fifth_bytes`), OR'd in before the codes become fp16."""
     s_lo = ks_st.slice(0, DH).load(gl.SliceLayout(1, qb_l)).to(gl.float16)
     s_hi = ks_st.slice(DH, DH).load(gl.SliceLayout(1, qb_l)).to(gl.float16)
     b_lo = kb_st.slice(0, DH).load(gl.SliceLayout(0, ka_l)).to(gl.float16)
@@ -149,8 +105,13 @@ def _block_scores(k_st, ks_st, kb_st, q_lo, q_hi, first, qk_scale, ka_l: gl.cons
     zs = gl.zeros([SUB, NC], gl.float32, mma)
     t_b = mma_v2(ab_hi, q_hi, mma_v2(ab_lo, q_lo, zs))
     t_off = mma_v2(off, qs_hi, mma_v2(off, qs_lo, zs))
-    a0_lo, a0_hi = _x4(k_st.slice(0, SUB, 0).load(ka_l))
-    a1_lo, a1_hi = _x4(k_st.slice(SUB, SUB, 0).load(ka_l))
+    if KW:
+        a0_lo, a0_hi = x4w(k_st.slice(0, SUB, 0).load(ka_l), f_st.slice(0, SUB, 0).load(ka_l))
+        a1_lo, a1_hi = x4w(k_st.slice(SUB, SUB, 0).load(ka_l),
+                            f_st.slice(SUB, SUB, 0).load(ka_l))
+    else:
+        a0_lo, a0_hi = x4(k_st.slice(0, SUB, 0).load(ka_l))
+        a1_lo, a1_hi = x4(k_st.slice(SUB, SUB, 0).load(ka_l))
     d0 = mma_v2(a0_hi, qs_hi, mma_v2(a0_lo, qs_lo, zs))  # stream 0's slots, every column
     d1 = mma_v2(a1_hi, qs_hi, mma_v2(a1_lo, qs_lo, zs))
     return (gl.where(first, d0, d1) + (t_off + t_b)) * qk_scale
@@ -174,12 +135,14 @@ def decode_swap_gluon_kernel(
     INT4: gl.constexpr, HAS_LENS: gl.constexpr,
     PDL: gl.constexpr = False, PDL_LATE: gl.constexpr = False, KC64: gl.constexpr = False,
     HAS_MIN_DIST: gl.constexpr = False, PDL_BESIDE: gl.constexpr = False,
+    KW: gl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
     ksw ... vbw: int32 words [B, H, slots] (lo-half value | hi-half value << 16, in MDT);
     with KC64, ksw / kbw are the keys' block scales / biases in MDT, [slots / 64, D] per
-    (batch, head) (s_km_b, s_km_h in MDT elements).
+    (batch, head) (s_km_b, s_km_h in MDT elements); KW (with KC64): int4w-c64 keys, kc's
+    rows D/2 + D/16 bytes (a multiple of 8, not of 16: the codes go by 8-byte copies).
     Writes PartO [B*H_kv, S_total, R, D], PartM / PartL [B*H_kv, S_total, R] (R = G * n_q
     <= 4), this launch's S splits at `[split_base, split_base + S)` of `splits_total` (a
     hybrid cache's parts share one reduce). HAS_MIN_DIST: a query at p reads only keys k
@@ -219,16 +182,27 @@ def decode_swap_gluon_kernel(
     n_my = gl.maximum(n_tiles - split + num_splits - 1, 0) // num_splits  # strided steps
     n_rows = G * n_q
 
+    p_kc = kc + b * s_kc_b + h * s_kc_h
     # ---- queries: block-diagonal B operands [D/2, 8] per scale half; column c is
-    # stream c // 4, row c % 4 (query head h * G + row % G at position row // G)
+    # stream c // 4, row c % 4 (query head h * G + row % G at position row // G);
+    # int4w-c64: query dim order[j] meets stored channel j (the first block's rows hold
+    # order[u + 64 m] in byte D/2 + 3D/64 + m of row u)
     qk = gl.arange(0, DH, layout=gl.SliceLayout(1, qb_l))
     qc = gl.arange(0, NC, layout=gl.SliceLayout(0, qb_l))
     qr = qc % 4
+    if KW:
+        o_col: gl.constexpr = DH + 3 * D // 64
+        qd_lo = gl.load(p_kc + (qk % 64).to(gl.int64) * s_kc_t + o_col + qk // 64).to(gl.int64)
+        qd_hi = gl.load(p_kc + ((qk + DH) % 64).to(gl.int64) * s_kc_t + o_col
+                        + (qk + DH) // 64).to(gl.int64)
+    else:
+        qd_lo = qk.to(gl.int64)
+        qd_hi = qd_lo + DH
     p_q = (q_ptr + b * s_qb + (h * G + qr % G).to(gl.int64)[None, :] * s_qh
            + (qr // G).to(gl.int64)[None, :] * s_ql)
     mq = (qr < n_rows)[None, :] & (qk < DH)[:, None]
-    q_lo = gl.load(p_q + qk[:, None] * s_qd, mask=mq, other=0.0).to(gl.float16)
-    q_hi = gl.load(p_q + (qk + DH)[:, None] * s_qd, mask=mq, other=0.0).to(gl.float16)
+    q_lo = gl.load(p_q + qd_lo[:, None] * s_qd, mask=mq, other=0.0).to(gl.float16)
+    q_hi = gl.load(p_q + qd_hi[:, None] * s_qd, mask=mq, other=0.0).to(gl.float16)
     top = (qc < 4)[None, :]
     zq = gl.zeros([DH, NC], gl.float16, qb_l)
     bq_lo0 = gl.where(top, q_lo, zq)
@@ -267,8 +241,20 @@ def decode_swap_gluon_kernel(
     cols8 = gl.arange(0, KB, layout=gl.SliceLayout(0, ld8))
     rows16 = gl.arange(0, BN, layout=gl.SliceLayout(1, ld16))
     cols16 = gl.arange(0, VP, layout=gl.SliceLayout(0, ld16))
-    p_kc = kc + b * s_kc_b + h * s_kc_h
     p_vc = vc + b * s_vc_b + h * s_vc_h
+    if KW:  # 72-byte rows: tell the copies each row starts 8-byte aligned
+        s_krow = (s_kc_t // 8) * 8
+        R: gl.constexpr = 3 * D // 8
+        sp_l: gl.constexpr = gl.BlockedLayout([1, DH // 4], [32, 1], [1, 1], [1, 0])
+        swz32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=PER, max_phase=PHASES,
+                                                      order=[1, 0])
+        f_smem = gl.allocate_shared_memory(gl.uint8, [BN, DH], swz8)
+        jj = gl.arange(0, DH // 4, layout=gl.SliceLayout(0, sp_l))
+        wrow = gl.arange(0, BN, layout=gl.SliceLayout(1, sp_l))
+        p_kw = (p_kc + DH).to(gl.pointer_type(gl.int32), bitcast=True)  # bits [0, 64) of a row
+    else:
+        s_krow = s_kc_t
+        f_smem = k_smem
     if KC64:  # the block vectors ride in the ring beside the codes
         mvec: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                      order=[0])
@@ -278,7 +264,7 @@ def decode_swap_gluon_kernel(
         first_s = (mc < 4)[None, :]  # [1, 8] in the scores' layout: stream 0's columns
     for j in gl.static_range(STAGES - 1):  # tiles past n_my lie past length: zero-filled
         _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
-               split + j * num_splits, length, s_kc_t, s_vc_t, STAGES, j, BN, KB, VP)
+               split + j * num_splits, length, s_krow, s_vc_t, STAGES, j, BN, KB, VP)
         if KC64:
             _issue_block(ks_smem, kb_smem, p_ksw, p_kbw, dims, split + j * num_splits,
                          length, STAGES, j, BN, D)
@@ -292,6 +278,11 @@ def decode_swap_gluon_kernel(
         kbw_n = gl.load(p_kbw + slot_m, mask=mm, other=0)
     vsw_n = gl.load(p_vsw + slot_m, mask=mm, other=0)
     vbw_n = gl.load(p_vbw + slot_m, mask=mm, other=0)
+    if KW:  # the fifth-bit words of step 0, one row a lane
+        slot_w = split * BN + wrow
+        w0_n = gl.load(p_kw + slot_w.to(gl.int64) * (s_kc_t // 4), mask=slot_w < length, other=0)
+        w1_n = gl.load(p_kw + slot_w.to(gl.int64) * (s_kc_t // 4) + 1, mask=slot_w < length,
+                       other=0)
 
     acc_e_lo = gl.zeros([PH, NC], gl.float32, mma)  # dims 2p        (p < D/4)
     acc_o_lo = gl.zeros([PH, NC], gl.float32, mma)  # dims 2p + 1
@@ -314,7 +305,7 @@ def decode_swap_gluon_kernel(
         async_copy.wait_group(STAGES - 2)
         _bar()  # every lane's copies of stage s landed; stage (i - 1) % STAGES is free
         _issue(k_smem, v_smem, p_kc, p_vc, rows8, cols8, rows16, cols16,
-               tile + (STAGES - 1) * num_splits, length, s_kc_t, s_vc_t, STAGES,
+               tile + (STAGES - 1) * num_splits, length, s_krow, s_vc_t, STAGES,
                i + STAGES - 1, BN, KB, VP)
         if KC64:
             _issue_block(ks_smem, kb_smem, p_ksw, p_kbw, dims, tile + (STAGES - 1) * num_splits,
@@ -331,27 +322,35 @@ def decode_swap_gluon_kernel(
             kbw_n = gl.load(p_kbw + slot_m, mask=mm, other=0)
         vsw_n = gl.load(p_vsw + slot_m, mask=mm, other=0)
         vbw_n = gl.load(p_vbw + slot_m, mask=mm, other=0)
+        if KW:  # this step's fifth bits into f_smem, the next step's words in flight
+            fifth_bytes(f_smem, w0_n, w1_n, jj, R, BN, DH, sp_l, swz32)
+            slot_w = (tile + num_splits) * BN + wrow
+            w0_n = gl.load(p_kw + slot_w.to(gl.int64) * (s_kc_t // 4), mask=slot_w < length,
+                           other=0)
+            w1_n = gl.load(p_kw + slot_w.to(gl.int64) * (s_kc_t // 4) + 1,
+                           mask=slot_w < length, other=0)
+            _bar()  # every lane's spread bytes are in f_smem
 
         # ---- scores S^T [16, 8]: two streams through block-diagonal Q
         k_st = k_smem.index(s)
         if KC64:
-            sc = _block_scores(k_st, ks_smem.index(s), kb_smem.index(s), q_lo, q_hi, first_s,
-                               qk_scale, ka_l, qb_l, mma, SUB, DH, NC)
+            sc = _block_scores(k_st, ks_smem.index(s), kb_smem.index(s), f_smem, q_lo, q_hi,
+                               first_s, qk_scale, ka_l, qb_l, mma, SUB, DH, NC, KW)
         elif INT4:  # one byte tile per stream holds both halves
-            a0_lo, a0_hi = _x4(k_st.slice(0, SUB, 0).load(ka_l))
-            a1_lo, a1_hi = _x4(k_st.slice(SUB, SUB, 0).load(ka_l))
+            a0_lo, a0_hi = x4(k_st.slice(0, SUB, 0).load(ka_l))
+            a1_lo, a1_hi = x4(k_st.slice(SUB, SUB, 0).load(ka_l))
             d_lo = mma_v2(a1_lo, bq_lo1, mma_v2(a0_lo, bq_lo0, zs))
             d_hi = mma_v2(a1_hi, bq_hi1, mma_v2(a0_hi, bq_hi0, zs))
         else:
-            d_lo = mma_v2(_x8(k_st.slice(0, SUB, 0).slice(0, DH, 1).load(ka_l)), bq_lo0, zs)
-            d_lo = mma_v2(_x8(k_st.slice(SUB, SUB, 0).slice(0, DH, 1).load(ka_l)), bq_lo1,
+            d_lo = mma_v2(x8(k_st.slice(0, SUB, 0).slice(0, DH, 1).load(ka_l)), bq_lo0, zs)
+            d_lo = mma_v2(x8(k_st.slice(SUB, SUB, 0).slice(0, DH, 1).load(ka_l)), bq_lo1,
                           d_lo)
-            d_hi = mma_v2(_x8(k_st.slice(0, SUB, 0).slice(DH, DH, 1).load(ka_l)), bq_hi0, zs)
-            d_hi = mma_v2(_x8(k_st.slice(SUB, SUB, 0).slice(DH, DH, 1).load(ka_l)), bq_hi1,
+            d_hi = mma_v2(x8(k_st.slice(0, SUB, 0).slice(DH, DH, 1).load(ka_l)), bq_hi0, zs)
+            d_hi = mma_v2(x8(k_st.slice(SUB, SUB, 0).slice(DH, DH, 1).load(ka_l)), bq_hi1,
                           d_hi)
         if not KC64:
-            ks_lo, ks_hi = _halves(ksw_c, MDT)
-            kb_lo, kb_hi = _halves(kbw_c, MDT)
+            ks_lo, ks_hi = halves(ksw_c, MDT)
+            kb_lo, kb_hi = halves(kbw_c, MDT)
             sc = (d_lo * (ks_lo * qk_scale) + d_hi * (ks_hi * qk_scale)
                   + qs_lo[None, :] * ((kb_lo - 1024.0 * ks_lo) * qk_scale)
                   + qs_hi[None, :] * ((kb_hi - 1024.0 * ks_hi) * qk_scale))
@@ -363,8 +362,8 @@ def decode_swap_gluon_kernel(
         sc = gl.where(vis, sc, float("-inf"))
 
         # ---- online softmax per column
-        vs_lo, vs_hi = _halves(vsw_c, MDT)  # past length: 0 (masked loads)
-        vb_lo, vb_hi = _halves(vbw_c, MDT)
+        vs_lo, vs_hi = halves(vsw_c, MDT)  # past length: 0 (masked loads)
+        vb_lo, vb_hi = halves(vbw_c, MDT)
         # one warp-wide max decides whether to rescale: only when a score passes its
         # column's reference max by 2^8 or a V scale the reference t_v by 2^6 (the
         # first step always does); otherwise P <= 2^8 and P * s / t_v <= 2^14 in fp16
@@ -402,28 +401,28 @@ def decode_swap_gluon_kernel(
         # ---- O^T [D, 8] += V^T @ P^T, per stream, even / odd dims, lo / hi halves
         v_st = v_smem.index(s)
         if INT4:  # one pair tile per stream holds all four dim quarters
-            e, o, e2, o2 = _x4_pairs(v_st.slice(0, SUB, 0).permute((1, 0)).load(va_l))
+            e, o, e2, o2 = x4_pairs(v_st.slice(0, SUB, 0).permute((1, 0)).load(va_l))
             acc_e_lo = mma_v2(e, p0_lo, acc_e_lo)
             acc_o_lo = mma_v2(o, p0_lo, acc_o_lo)
             acc_e_hi = mma_v2(e2, p0_hi, acc_e_hi)
             acc_o_hi = mma_v2(o2, p0_hi, acc_o_hi)
-            e, o, e2, o2 = _x4_pairs(v_st.slice(SUB, SUB, 0).permute((1, 0)).load(va_l))
+            e, o, e2, o2 = x4_pairs(v_st.slice(SUB, SUB, 0).permute((1, 0)).load(va_l))
             acc_e_lo = mma_v2(e, p1_lo, acc_e_lo)
             acc_o_lo = mma_v2(o, p1_lo, acc_o_lo)
             acc_e_hi = mma_v2(e2, p1_hi, acc_e_hi)
             acc_o_hi = mma_v2(o2, p1_hi, acc_o_hi)
         else:
-            e, o = _x8_pairs(v_st.slice(0, SUB, 0).slice(0, PH, 1).permute((1, 0)).load(va_l))
+            e, o = x8_pairs(v_st.slice(0, SUB, 0).slice(0, PH, 1).permute((1, 0)).load(va_l))
             acc_e_lo = mma_v2(e, p0_lo, acc_e_lo)
             acc_o_lo = mma_v2(o, p0_lo, acc_o_lo)
-            e, o = _x8_pairs(v_st.slice(0, SUB, 0).slice(PH, PH, 1).permute((1, 0)).load(va_l))
+            e, o = x8_pairs(v_st.slice(0, SUB, 0).slice(PH, PH, 1).permute((1, 0)).load(va_l))
             acc_e_hi = mma_v2(e, p0_hi, acc_e_hi)
             acc_o_hi = mma_v2(o, p0_hi, acc_o_hi)
-            e, o = _x8_pairs(v_st.slice(SUB, SUB, 0).slice(0, PH, 1).permute((1, 0))
+            e, o = x8_pairs(v_st.slice(SUB, SUB, 0).slice(0, PH, 1).permute((1, 0))
                              .load(va_l))
             acc_e_lo = mma_v2(e, p1_lo, acc_e_lo)
             acc_o_lo = mma_v2(o, p1_lo, acc_o_lo)
-            e, o = _x8_pairs(v_st.slice(SUB, SUB, 0).slice(PH, PH, 1).permute((1, 0))
+            e, o = x8_pairs(v_st.slice(SUB, SUB, 0).slice(PH, PH, 1).permute((1, 0))
                              .load(va_l))
             acc_e_hi = mma_v2(e, p1_hi, acc_e_hi)
             acc_o_hi = mma_v2(o, p1_hi, acc_o_hi)
