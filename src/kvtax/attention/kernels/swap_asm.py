@@ -24,17 +24,8 @@ X4 = """{
     }"""
 # int4w-c64 keys: four packed int4 bytes ($4) and their low nibbles' fifth bits, one per
 # byte at bit 4 ($5: 0x10 or 0) -> 1024 + (low nibble | fifth), 1024 + high nibble
-X4W = """{
-    .reg .b32 lo, hi;
-    and.b32 lo, $4, 0x0F0F0F0F;
-    or.b32 lo, lo, $5;
-    shr.b32 hi, $4, 4;
-    and.b32 hi, hi, 0x0F0F0F0F;
-    prmt.b32 $0, lo, 0x64646464, 0x4140;
-    prmt.b32 $1, lo, 0x64646464, 0x4342;
-    prmt.b32 $2, hi, 0x64646464, 0x4140;
-    prmt.b32 $3, hi, 0x64646464, 0x4342;
-    }"""
+X4W = X4.replace("and.b32 lo, $4, 0x0F0F0F0F;",
+                 "and.b32 lo, $4, 0x0F0F0F0F;\n    or.b32 lo, lo, $5;")
 # two slots' uint16 pairs of int8 dims -> (even dims, odd dims) as fp16 c - 128
 X8_PAIRS = """{
     .reg .b32 t0, t1, m;
