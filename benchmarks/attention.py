@@ -115,7 +115,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also time alternative kvtax launch configs (decode at the largest "
                         "context, prefill at --sweep-prefill-ctx)")
     p.add_argument("--sweep-prefill-ctx", type=int, default=16384)
-    p.add_argument("--sweep-formats", nargs="+", default=["fp16", "int8", "int4", "fp8"])
+    p.add_argument("--sweep-formats", nargs="+", default=["fp16", "int8", "int4", "fp8"],
+                   help="arms' names after kvtax- (kernel \"swap\" variants for int8, int4, "
+                        "k4c64v4, k4wc64v4)")
     p.add_argument("--sweep-variants", nargs="+", default=None,
                    help="names from SWEEP_DECODE, SWEEP_SWAP, SWEEP_PREFILL")
     p.add_argument("--budget-s", type=float, default=float("inf"),
@@ -250,7 +252,7 @@ def cell_list(args):
         keep = lambda t: args.sweep_variants is None or t in args.sweep_variants  # noqa: E731
         for fmt in args.sweep_formats:
             dec = [t for t in SWEEP_DECODE if keep(t)]
-            if fmt in ("int8", "int4"):
+            if fmt in ("int8", "int4", "k4c64v4", "k4wc64v4"):  # kernel "swap" serves these
                 dec += [t for t in SWEEP_SWAP if keep(t)]
             pre = [t for t in SWEEP_PREFILL if keep(t)]
             cells += [(max(args.contexts), "decode", f"kvtax-{fmt}@{t}") for t in dec]
