@@ -73,6 +73,20 @@ def test_full_cache_equals_direct_block_quantization_for_any_chunking(spec, n, d
         _assert_same_storage(other, ref, f"chunks of {size}")
 
 
+@pytest.mark.parametrize("spec", [SPEC, "k4w-c64v4-g32"])
+def test_an_empty_first_append_changes_nothing(spec) -> None:
+    """transformers appends zero tokens before the prompt (a warm-up); int4w-c64 then had
+    no block 0 to choose its channel order from and raised."""
+    gen = torch.Generator().manual_seed(8)
+    k = rand_kv((1, 2, 150, 64), outliers=3, gen=gen)
+    v = rand_kv((1, 2, 150, 64), gen=gen)
+    cache = FullCache(spec)
+    cache.append(k[:, :, :0], v[:, :, :0])
+    assert len(cache) == 0
+    _assert_same_storage(_fill(cache, k, v, [150]), _fill(FullCache(spec), k, v, [150]),
+                         "after an empty first append")
+
+
 def test_widest_trim_into_block_0_chooses_its_channels_again() -> None:
     """int4w-c64's channel order comes from block 0: a trim into block 0 then other tokens
     store what a cache fed only the kept and new tokens stores, later blocks included."""

@@ -172,6 +172,6 @@ class KeyBlocks:
             x = torch.cat([x, x[..., -1:, :].expand(*x.shape[:-2], pad, x.shape[-1])], dim=-2)
         if self.order is None:
             return self.fmt.quantize(x)
-        if first == 0:
+        if first == 0 and x.shape[-2]:  # an empty append (transformers' warm-up) keeps it
             self.order.copy_(channel_order(x[..., :self.block, :]))
         return self.fmt.quantize(x, self.order)

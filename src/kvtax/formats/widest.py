@@ -102,7 +102,7 @@ class WidestBitFormat(ChannelBlockFormat):
         first block, for x starting at the sequence's block 0."""
         *lead, t, d = x.shape
         self.check(d)
-        if t % self.block or not t:
+        if t % self.block or (not t and order is None):  # no block 0 to take an order from
             raise FormatError(f"{self.name} quantizes whole blocks of {self.block} tokens, "
                               f"got {t}")
         r = selected(d)
