@@ -1,11 +1,13 @@
 """Attention over a quantized KV cache on one GPU: kvtax's fused kernels vs the baselines.
 
-Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches; `kvtax-k4c64v4`: q4's body, K
-int4-c64 and V int4 (g64) in one plain view, no fp16 parts, decoded by the Gluon swap
-kernel; `kvtax-int4c64`: the same keys beside int4-g32 values; `kvtax-k3c64v3`: q3's body,
-K int3-c64 and V int3-g32, on the tile kernels; `kvtax-k4wc64v4`: K int4w-c64 (a fifth
-bit on each block's widest 3/8 channels) and V int4, on the tile kernels; `kvtax-q4` /
-`kvtax-q3` / `kvtax-q4w`: the whole q4 / q3 / k4w-c64v4@s4r128 spec, fp16 sinks and recent ring, body and LSE merge, as a model layer calls it); torch SDPA fp16 (flash and
+Arms: kvtax fused kernels (fp16, int8, int4, fp8 caches; `kvtax-k4wc64v4`: q4's body,
+K int4w-c64 (a fifth bit on the widest 3/8 channels of the sequence's first block) and V
+int4 (g64) in one plain view, no fp16 parts, decoded by the Gluon swap kernel;
+`kvtax-k4c64v4`: the same without the fifth bit (int4-c64 keys, q4's body until
+2026-12-05); `kvtax-int4c64`: int4-c64 keys beside int4-g32 values; `kvtax-k3c64v3`:
+q3's body, K int3-c64 and V int3-g32, on the tile kernels; `kvtax-q4` / `kvtax-q3` /
+`kvtax-q4k`: the whole q4 / q3 / k4-c64v4@s4r128 spec, fp16 sinks and recent ring, body
+and LSE merge, as a model layer calls it); torch SDPA fp16 (flash and
 cuDNN backends); Hugging Face's approach (dequantize the whole int8/int4 cache, then
 SDPA); mlx-lm's approach (materialize [H, L, ctx] scores). The baselines are
 kvtax.attention.baselines' functions, the ones `kvtax bench` measures. Llama-3.1-8B
@@ -67,7 +69,7 @@ KVTAX = {"kvtax-fp16": "fp16", "kvtax-int8": "int8", "kvtax-int4": "int4", "kvta
          "kvtax-k3c64v3": "k3-c64v3-g32", "kvtax-k4wc64v4": "k4w-c64v4"}
 # Hybrid arms: the whole spec a user names (fp16 sinks + recent ring, quantized body, LSE
 # merge), through kvtax.attention.attention as a model layer calls it.
-HYBRID = {"kvtax-q4": "q4", "kvtax-q3": "q3", "kvtax-q4w": "k4w-c64v4@s4r128"}
+HYBRID = {"kvtax-q4": "q4", "kvtax-q3": "q3", "kvtax-q4k": "k4-c64v4@s4r128"}
 ALL_ARMS = [
     *KVTAX, *HYBRID, "sdpa-flash", "sdpa-cudnn", "hf-dequant-sdpa-int8", "hf-dequant-sdpa-int4",
     "unfused-int8", "unfused-int4",

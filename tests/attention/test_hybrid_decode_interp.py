@@ -73,7 +73,7 @@ def _reference(q, view, **kw):
 
 
 # (spec, head_dim, group, ctx, n_q, window): contexts below sinks + recent, not multiples
-# of 64, and past the ring; q4 = k4-c64v4@s4r128
+# of 64, and past the ring; q4 = k4w-c64v4@s4r128
 CASES = [
     ("q4", 64, 1, 3, 1, None),        # shorter than the sinks: the body sees nothing
     ("q4", 64, 7, 100, 3, None),      # shorter than sinks + recent

@@ -44,7 +44,7 @@ def test_c64_arm_runs_both_phases_and_counts_its_bytes(arm, spec, per_token, err
 
 
 @pytest.mark.parametrize("arm, name, body, window", [
-    ("kvtax-q4", "k4-c64v4@s4r128", "k4-c64v4", 4 + 128),
+    ("kvtax-q4", "k4w-c64v4@s4r128", "k4w-c64v4", 4 + 128),
     ("kvtax-q3", "k3-c64v3-g32@s4r96", "k3-c64v3-g32", 4 + 96),
 ])
 def test_hybrid_arm_is_the_whole_spec(arm, name, body, window, tmp_path, monkeypatch):

@@ -94,7 +94,7 @@ def _check_hybrid(name: str, window, d, group, chunks) -> None:
 
 def test_make_caches_gives_q4_layers_block_aligned_bodies() -> None:
     caches = make_caches([None, 512], "q4")
-    assert caches[0].spec.name == "k4-c64v4@s4r128" and caches[0].sinks == 4
+    assert caches[0].spec.name == "k4w-c64v4@s4r128" and caches[0].sinks == 4
     assert caches[1].sinks == 0 and caches[1].body.ring % 64 == 0
 
 
@@ -106,11 +106,11 @@ def test_q4_sliding_layers_keep_their_recent_tokens_in_int8():
     from kvtax.cache.policy import make_caches
     from kvtax.formats.hybrid import sliding_form
 
-    for spec in ("q4", "k4-c64v4@s4r128"):
+    for spec in ("q4", "k4w-c64v4@s4r128"):
         names = [c.spec.name for c in make_caches([512, None, 512], spec)]
-        assert names == ["k4-c64v4@r64i8", "k4-c64v4@s4r128", "k4-c64v4@r64i8"]
+        assert names == ["k4-c64v4@r64i8", "k4w-c64v4@s4r128", "k4-c64v4@r64i8"]
     assert [c.spec.name for c in make_caches([512, None], "q4", sliding_spec="fp16")] == [
-        "fp16", "k4-c64v4@s4r128"]
+        "fp16", "k4w-c64v4@s4r128"]
     assert sliding_form("q8") is None and sliding_form("int4+hk@s4r128") is None
     for spec in ("q3", "k3-c64v3-g32@s4r96"):  # q3: per-token int3 keys and 16 recent
         assert [c.spec.name for c in make_caches([512, None], spec)] == [

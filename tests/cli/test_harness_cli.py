@@ -31,12 +31,13 @@ def test_capacity_takes_the_short_names(capsys):
                  "--kv", "fp16,int4,q4,q3"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.split()}
-    # the body weighs int4's 36,864 B per token; 132 fp16 tokens x 32 layers x 8 heads fixed
-    assert rows["k4-c64v4@s4r128"][:5] == ["36,864", "32,768", "2,048", "2,048", "16.50"]
-    assert rows["k4-c64v4@s4r128"][6] == "388,960"  # (budget - 16.5 MiB) / 36,864
+    # the body weighs int4's 36,864 B per token plus the key rows' fifth bits and channel
+    # order (8 B a row: 72 code bytes at D 128); 132 fp16 tokens x 32 layers x 8 heads fixed
+    assert rows["k4w-c64v4@s4r128"][:5] == ["38,912", "34,816", "2,048", "2,048", "16.50"]
+    assert rows["k4w-c64v4@s4r128"][6] == "368,488"  # (budget - 16.5 MiB) / 38,912
     assert rows["int4"][4] == "-" and "k3-c64v3-g32@s4r96" in rows
     assert main(["capacity", "--reserve", "1GiB", "--kv", "q4@s4r8"]) == 2
-    assert "write k4-c64v4@s4r8" in capsys.readouterr().err
+    assert "write k4w-c64v4@s4r8" in capsys.readouterr().err
 
 
 def test_capacity_needs_a_budget(capsys):
@@ -78,12 +79,13 @@ def test_roofline_times_q4_on_the_fused_path_only(tmp_path):
                  "--stream-bytes", "8MiB", "--out", str(tmp_path)]) == 0
     (run,) = list(tmp_path.iterdir())
     att = {r["arm"]: r for r in read_rows(run) if r["op"] == "attention"}
-    assert set(att) == {"k4-c64v4@s4r128/fused", "int4/fused", "int4/unfused"}
-    q4, int4 = att["k4-c64v4@s4r128/fused"], att["int4/fused"]
+    assert set(att) == {"k4w-c64v4@s4r128/fused", "int4/fused", "int4/unfused"}
+    q4, int4 = att["k4w-c64v4@s4r128/fused"], att["int4/fused"]
     assert q4["status"] == "ok" and q4["time_s"] > 0
-    # tiny: 2 KV heads x 64, float32 metadata; 132 of the 256 tokens also held in fp16
+    # tiny: 2 KV heads x 64, float32 metadata; 132 of the 256 tokens also held in fp16; each
+    # key row 4 bytes over int4's (D/16: the fifth bits and the channel order)
     fp16_part = 2 * 132 * 2 * 64 * 2
-    assert q4["bytes_moved"] == int4["bytes_moved"] + fp16_part
+    assert q4["bytes_moved"] == int4["bytes_moved"] + fp16_part + 256 * 2 * 4
 
 
 def test_demo_shows_the_short_names(capsys):
@@ -93,5 +95,5 @@ def test_demo_shows_the_short_names(capsys):
     assert main(["demo", "--context", "512", "--heads", "4/2", "--head-dim", "64"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()
             if line.split()}
-    assert {"int8+hk+ck", "k4-c64v4@s4r128", "int4"} <= set(rows)
-    assert float(rows["k4-c64v4@s4r128"][-1]) < float(rows["int4"][-1])
+    assert {"int8+hk+ck", "k4w-c64v4@s4r128", "int4"} <= set(rows)
+    assert float(rows["k4w-c64v4@s4r128"][-1]) < float(rows["int4"][-1])

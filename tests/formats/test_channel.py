@@ -53,10 +53,10 @@ def test_names_and_errors():
     assert spec.key == ChannelBlockFormat() and spec.value == parse_format("int4-g32")
     assert KVSpec.parse(spec.name) == spec
     assert spec.bytes_per_token(128) == 72 + 80  # keys 0.5625, values 0.625 B/element
-    assert parse_kv("q4").name == "k4-c64v4@s4r128"
+    assert parse_kv("q4").name == "k4w-c64v4@s4r128"
     assert parse_kv("q8") == KVSpec.parse("int8+hk+ck")
     assert parse_kv("q8@s4r8").name == "int8+hk+ck@s4r8"
-    with pytest.raises(FormatError, match=r"q4 already keeps .* write k4-c64v4@s4r8"):
+    with pytest.raises(FormatError, match=r"q4 already keeps .* write k4w-c64v4@s4r8"):
         parse_kv("q4@s4r8")  # its own suffix is part of the name: say which spelling works
     with pytest.raises(FormatError, match="int4-c64, int3-c64 and int4w-c64, got 'int8-c64'"):
         parse_format("int8-c64")

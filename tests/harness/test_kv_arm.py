@@ -74,7 +74,7 @@ def test_bench_plans_hybrid_and_per_layer_arms_on_the_fused_path_only() -> None:
     cfg = SweepConfig(model="tiny", kvs=["int8", "int4+hk@s4r16", "int8:L0=fp16", "q4"],
                       paths=["fused", "unfused"])
     assert cfg.arms() == [("int8", "fused"), ("int4+hk@s4r16", "fused"),
-                          ("int8:L0=fp16", "fused"), ("k4-c64v4@s4r128", "fused"),
+                          ("int8:L0=fp16", "fused"), ("k4w-c64v4@s4r128", "fused"),
                           ("int8", "unfused")]  # a short name runs as what it stands for
     for kvs, level, says in ((["int8/unfused"], "model", "--paths"),
                              (["int4@r8"], "attention", "--level model"),

@@ -111,8 +111,8 @@ def test_hybrid_short_context_reads_fp16(family: str) -> None:
     assert_close(_run(model, cache, ids), _run(model, want, ids),
                  atol=1e-4, rel_rms=1e-5, what=family)
     specs = {s.name for s in cache.specs}
-    assert specs == ({"k4-c64v4@s4r128"} if family == "llama"
-                     else {"k4-c64v4@s4r128", "k4-c64v4@r64i8"}), specs
+    assert specs == ({"k4w-c64v4@s4r128"} if family == "llama"
+                     else {"k4w-c64v4@s4r128", "k4-c64v4@r64i8"}), specs
 
 
 def test_hybrid_chunked_prefill_and_decode_equal_one_shot() -> None:

@@ -30,9 +30,9 @@ def test_q4_logits_do_not_depend_on_chunking(name) -> None:
     for chunk in (420, 7, 130):
         # q4's sliding layers keep their recent tokens in int8 (k4-c64v4@r64i8,
         # SLIDING_FORMS); named here, they keep fp16 ones around the same c64 ring body
-        runner = Runner(model, kv="q4", sliding_kv="k4-c64v4@s4r128", chunk_size=chunk)
+        runner = Runner(model, kv="q4", sliding_kv="k4w-c64v4@s4r128", chunk_size=chunk)
         caches = runner.make_caches()
-        assert {c.spec.name for c in caches} == {"k4-c64v4@s4r128"}
+        assert {c.spec.name for c in caches} == {"k4w-c64v4@s4r128"}
         out = [runner.prefill(ids[:, :400], caches)]
         out += [runner.decode_step(ids[:, t:t + 1], caches) for t in range(400, 420)]
         logits.append(torch.stack(out))

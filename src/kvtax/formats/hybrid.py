@@ -113,7 +113,7 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
 def sliding_form(spec: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec | None":
     """What a sliding-window layer stores under `spec` when a short name says it differs
     (`SLIDING_FORMS`: q4's sliding layers keep per-token int4 keys), else None. Matched by
-    what the spec is, so "q4" and its expansion "k4-c64v4@s4r128" both have it."""
+    what the spec is, so "q4" and its expansion "k4w-c64v4@s4r128" both have it."""
     name = parse_kv(spec).name
     for short, form in SLIDING_FORMS.items():
         if parse_kv(short).name == name:

@@ -46,14 +46,17 @@ ROTATIONS = ("", "k", "kv")
 DEFAULT_KV = "int8+hk+ck"
 
 # Short names a user can type for the recommended specs. q4: keys per channel over 64-token
-# blocks, values per token in groups of 64 (int4), 4 fp16 sink and 128 fp16 recent tokens
-# (0.285 of fp16's bytes at 32k). On Qwen2.5-Coder-0.5B at 2k values in groups of 32 read
-# the same KL (2.2e-3 vs 2.4e-3, s.e. 3.5e-4) for 5% more bytes, and groups of 64 are what
-# the fast decode kernels read (docs/QUALITY.md, the scheme screen).
+# blocks with a fifth bit on the widest 3/8 of channels (int4w-c64, one channel order per
+# sequence), values per token in groups of 64 (int4), 4 fp16 sink and 128 fp16 recent
+# tokens (0.301 of fp16's bytes at 32k, head_dim 64). The fifth bit took the one cell
+# plain int4-c64 keys missed, Gemma-3-270M at 32k (KL 1.24e-2 to 6.2e-3), and cut Qwen2.5-
+# Coder-0.5B's KL 2-4x at 8k-32k (docs/QUALITY.md). On Qwen at 2k values in groups of 32
+# read the same KL as 64 (2.2e-3 vs 2.4e-3, s.e. 3.5e-4) for 5% more bytes, and groups of
+# 64 are what the fast decode kernels read (the scheme screen).
 # q3: 3-bit keys (per channel) and values (groups of 32) with 96 fp16 recent tokens: 0.247 /
 # 0.237 of fp16's bytes at 8k / 32k (head_dim 64). With q4's 128 it held 0.2505 at 8k, over
 # the 0.25 a 3-bit cache is for; int3-c64 keys need >= 63. Read by the tile kernels.
-SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4-c64v4@s4r128", "q3": "k3-c64v3-g32@s4r96"}
+SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4w-c64v4@s4r128", "q3": "k3-c64v3-g32@s4r96"}
 # What a short name stores on a sliding-window layer where that differs. int4-c64 keys need
 # >= 63 recent tokens outside the body (a query never reads a block still open); on a
 # 512-token window 64 fp16 ones weigh an eighth of the layer, so q4 keeps them in int8
@@ -67,7 +70,7 @@ SLIDING_FORMS = {"q4": "k4-c64v4@r64i8", "q3": "int3+hk@s4r16"}
 
 
 def expand_short(text: str) -> str:
-    """The full spec a short name stands for ("q4" → "k4-c64v4@s4r128"), else text."""
+    """The full spec a short name stands for ("q4" → "k4w-c64v4@s4r128"), else text."""
     return SHORT_NAMES.get(str(text).strip().lower(), text)
 
 
