@@ -153,8 +153,11 @@ def test_hybrid_layout_is_what_the_caches_hold(kv, context):
 def test_hybrid_capacity_leaves_the_fixed_parts_out_of_bytes_per_token():
     cfg = get_config("llama-3.1-8b")
     q4, int4 = cap.kv_layout(cfg, "q4"), cap.kv_layout(cfg, "int4")
-    assert q4.per_token == int4.per_token == 36864  # int4-c64 keys weigh what int4's do
+    # int4w-c64 keys weigh int4's plus D/16 bytes a row (fifth bits and channel order)
+    assert int4.per_token == 36864 and q4.per_token == 36864 + 32 * 8 * 128 // 16
     assert q4.fixed_bytes == 32 * 8 * 132 * 2 * 128 * 2  # 4 sinks + 128 recent, fp16 K and V
-    assert cap.token_parts(cfg, "q4") == cap.token_parts(cfg, "int4")
+    k4 = cap.kv_layout(cfg, "k4-c64v4@s4r128")  # int4-c64 keys weigh what int4's do
+    assert k4.per_token == 36864 and cap.token_parts(cfg, "k4-c64v4@s4r128") == \
+        cap.token_parts(cfg, "int4")
     budget = cap.parse_size("13.37GiB")
-    assert cap.tokens_fitting(budget, q4) == (budget - q4.fixed_bytes) // 36864  # body: all
+    assert cap.tokens_fitting(budget, q4) == (budget - q4.fixed_bytes) // q4.per_token
