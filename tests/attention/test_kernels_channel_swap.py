@@ -1,5 +1,5 @@
-"""Kernel "swap" over int4-c64 keys (q4's body) and int4w-c64 keys: decode_swap.py, the Triton twin of the
-Gluon kernel, against the float32 reference through the interpreter on CPU (block vectors
+"""Kernel "swap" over int4-c64 keys and int4w-c64 keys (q4's body): decode_swap.py, the
+Triton twin of the Gluon kernel, against the float32 reference through the interpreter on CPU (block vectors
 folded into the queries, steps inside one 64-slot block, lengths off the blocks, device
 lengths, splits left empty, soft-capping), the calls it refuses, and the launch table's
 routing of `k4-c64v4` decode to the Gluon kernel (decided on shapes, so checked here with
@@ -159,7 +159,7 @@ def test_launch_table_routes_k4c64v4_decode_to_the_gluon_kernel(compiled, dtype,
 @pytest.mark.parametrize("dtype", [F16, BF16])
 def test_launch_table_routes_k4wc64v4_decode_to_the_gluon_kernel(compiled, dtype):
     """`k4w-c64v4` decode at head_dim 128, G 4: kernel "swap" (the Gluon kernel), 8
-    programs per SM (its 72-byte rows go by 8-byte copies: 202-242 registers)."""
+    programs per SM (202-242 registers: the queries' gather through the channel order)."""
     q, view = channel_view("int4", key="int4w-c64", d=128, h_kv=8, group=4, ctx=4096,
                            n_q=1, dtype=dtype)
     assert gluon_swap_reason(q, view) is None

@@ -186,8 +186,8 @@ def swap_decode_config(
     programs per SM (default 12 for int4 K and V, the most the Gluon kernel's registers
     allow, else 8; int4-c64 keys beside int4 values: 12 in fp16 (168 registers on sm_90,
     Triton 3.6 and 3.9), 8 in bf16 (206-236: the block vectors' conversions to fp16);
-    int4w-c64 keys 8 (202-242: the 8-byte copies of their 72-byte rows)),
-    splits of >= 4 steps.
+    int4w-c64 keys 8 (202-242: the queries' gather through the channel order,
+    docs/KERNELS.md)), splits of >= 4 steps.
 
     Under programmatic dependent launch (kvtax.pdl) the kernel launches early only where
     its grid fills every SM at 12 per SM (a smaller grid launched early lands unevenly
@@ -195,7 +195,7 @@ def swap_decode_config(
     thing only then, else at its end (docs/KERNELS.md)."""
     if per_sm is None:
         key, value = view.spec.key, view.spec.value
-        if isinstance(key, WidestBitFormat):  # 202-242 registers on sm_90
+        if isinstance(key, WidestBitFormat):  # 202-242 registers on sm_90 (docstring)
             per_sm = 8
         elif isinstance(key, ChannelBlockFormat):
             per_sm = 12 if is_int4(value) and q.dtype == torch.float16 else 8

@@ -11,9 +11,9 @@ recent fp16", independent of how the prompt was chunked. Tokens thus move into t
 quantized body as they age past `recent`; the body holding their codes from the start
 costs `sinks + recent` quantized rows of duplication and removes any migration step.
 
-A body with int4-c64 or int4w-c64 keys (q4: `k4w-c64v4@s4r128`) is written a 64-token block at a
-time (kvtax.cache.blocks); with recent >= 63 a query reads from the body only blocks whose 64
-tokens it has all seen, so chunking changes nothing there either.
+A body with int4-c64 or int4w-c64 keys (q4: `k4w-c64v4@s4r128`) is written a 64-token
+block at a time (kvtax.cache.blocks); with recent >= 63 a query reads from the body only
+blocks whose 64 tokens it has all seen, so chunking changes nothing there either.
 
 `write_at` / `advance` (a write at a device-held position, then the host count) go to
 every part, so a CUDA graph captures a hybrid layer's decode step as a plain one's.
