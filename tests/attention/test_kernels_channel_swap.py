@@ -166,6 +166,15 @@ def test_launch_table_routes_k4wc64v4_decode_to_the_gluon_kernel(compiled, dtype
     cfg = launch_config(q, view)
     assert (cfg.path, cfg.kernel) == ("decode", "swap"), cfg
     assert cfg == swap_decode_config(q, view, per_sm=8)
+    assert cfg.max_registers is None, cfg
+
+
+def test_register_cap_goes_with_twelve_programs_per_sm(compiled):
+    """The cap is set exactly where three one-warp programs share a scheduler."""
+    q, view = channel_view("int4", d=128, h_kv=8, group=4, ctx=4096, n_q=1, dtype=BF16)
+    assert launch_config(q, view).max_registers is None  # 8 per SM: no cap
+    assert swap_decode_config(q, view, per_sm=12).max_registers == 168
+    assert swap_decode_config(q, view, per_sm=8).max_registers is None
 
 
 @pytest.mark.parametrize("value, d, group, kernel", [

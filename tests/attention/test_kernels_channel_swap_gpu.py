@@ -94,6 +94,17 @@ def test_gluon_c64_splits_and_stages(splits, stages, key):
     _check(q, view, f"c64 splits={splits} stages={stages}", config=cfg)
 
 
+@pytest.mark.parametrize("ctx", [65, 4096 + 13])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("key", KEYS)
+def test_gluon_c64_twelve_per_sm_under_the_register_cap(ctx, dtype, key):
+    """12 programs per SM: ptxas compiles the kernel under a 168-register cap."""
+    q, view = _build(ctx, 4, 2, 1, dtype, key=key)
+    cfg = ta.swap_decode_config(q, view, per_sm=12)
+    assert cfg.max_registers == 168 and ta.gluon_swap_reason(q, view) is None
+    _check(q, view, f"c64 capped ctx={ctx}", config=cfg)
+
+
 @pytest.mark.parametrize("key", KEYS)
 def test_gluon_c64_per_row_lengths(key):
     """B = 2 with device lengths, one ending mid-block (the rest of its block is stored,

@@ -385,8 +385,13 @@ def _launch_swap_gluon(a: _Args, part: tuple, slots: dict) -> None:
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
         INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, KC64=kc64,
         HAS_MIN_DIST=a.common["HAS_MIN_DIST"], KW=a.k_fmt == 7,
-        num_warps=1, **pdl_options("attention", q, cfg),
+        num_warps=1, **pdl_options("attention", q, cfg), **_reg_cap(cfg),
     )
+
+
+def _reg_cap(cfg) -> dict:
+    """ptxas's register cap for a launch whose config sets one (`max_registers`)."""
+    return {} if cfg.max_registers is None else {"maxnreg": cfg.max_registers}
 
 
 # the launch-wide constexprs decode_warp.py takes from `common`

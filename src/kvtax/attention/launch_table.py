@@ -66,6 +66,7 @@ class LaunchConfig:
     pdl_launch: bool = False
     pdl_late: bool = True
     pdl_beside: bool = False
+    max_registers: int | None = None  # ptxas's cap (`maxnreg`), where the table sets one
 
 
 @lru_cache(maxsize=None)
@@ -186,8 +187,11 @@ def swap_decode_config(
     programs per SM (default 12 for int4 K and V, the most the Gluon kernel's registers
     allow, else 8; int4-c64 keys beside int4 values: 12 in fp16 (168 registers on sm_90,
     Triton 3.6 and 3.9), 8 in bf16 (206-236: the block vectors' conversions to fp16);
-    int4w-c64 keys 8 (202-242: the queries' gather through the channel order,
-    docs/KERNELS.md)), splits of >= 4 steps.
+    int4w-c64 keys 8 (199-229: the queries' gather through the channel order,
+    docs/KERNELS.md)), splits of >= 4 steps. At 12 per SM the Gluon kernel is capped at
+    168 registers: three one-warp programs per scheduler fit only at <= 168 (65,536 / 4 /
+    3 / 32, in ptxas's steps of 8); int4w-c64 keys compile without spills under it
+    (`per_sm=12`, attention.py's "swap-sm12" variant).
 
     Under programmatic dependent launch (kvtax.pdl) the kernel launches early only where
     its grid fills every SM at 12 per SM (a smaller grid launched early lands unevenly
@@ -195,7 +199,7 @@ def swap_decode_config(
     thing only then, else at its end (docs/KERNELS.md)."""
     if per_sm is None:
         key, value = view.spec.key, view.spec.value
-        if isinstance(key, WidestBitFormat):  # 202-242 registers on sm_90 (docstring)
+        if isinstance(key, WidestBitFormat):  # 199-229 registers on sm_90 (docstring)
             per_sm = 8
         elif isinstance(key, ChannelBlockFormat):
             per_sm = 12 if is_int4(value) and q.dtype == torch.float16 else 8
@@ -205,7 +209,8 @@ def swap_decode_config(
     splits = _splits(view, q, lengths, 32, per_sm, 4, 1024, programs)
     full_grid = splits == max(1, per_sm * sm_count(q.device) // programs)
     return LaunchConfig("decode", 16, 32, 1, num_stages, splits, kernel="swap",
-                        pdl_launch=per_sm >= 12 and full_grid, pdl_late=per_sm < 12)
+                        pdl_launch=per_sm >= 12 and full_grid, pdl_late=per_sm < 12,
+                        max_registers=168 if per_sm >= 12 else None)
 
 
 def tile_decode_config(

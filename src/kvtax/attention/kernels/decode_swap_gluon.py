@@ -191,18 +191,31 @@ def decode_swap_gluon_kernel(
     qc = gl.arange(0, NC, layout=gl.SliceLayout(0, qb_l))
     qr = qc % 4
     if KW:
+        # gathered in a plain layout, then moved to the operand's: gathered straight into
+        # qb_l, the kernel spilled 48-56 bytes under the 168-register cap that 12
+        # programs per SM need (ptxas, sm_90, Triton 3.6 / 3.9); this way it spills none
         o_col: gl.constexpr = DH + 3 * D // 64
-        qd_lo = gl.load(p_kc + (qk % 64).to(gl.int64) * s_kc_t + o_col + qk // 64).to(gl.int64)
-        qd_hi = gl.load(p_kc + ((qk + DH) % 64).to(gl.int64) * s_kc_t + o_col
-                        + (qk + DH) // 64).to(gl.int64)
+        qg_l: gl.constexpr = gl.BlockedLayout([2, NC], [32, 1], [1, 1], [1, 0])
+        gk = gl.arange(0, DH, layout=gl.SliceLayout(1, qg_l))
+        gr = gl.arange(0, NC, layout=gl.SliceLayout(0, qg_l)) % 4
+        gd_lo = gl.load(p_kc + (gk % 64).to(gl.int64) * s_kc_t + o_col + gk // 64).to(gl.int64)
+        gd_hi = gl.load(p_kc + ((gk + DH) % 64).to(gl.int64) * s_kc_t + o_col
+                        + (gk + DH) // 64).to(gl.int64)
+        p_g = (q_ptr + b * s_qb + (h * G + gr % G).to(gl.int64)[None, :] * s_qh
+               + (gr // G).to(gl.int64)[None, :] * s_ql)
+        mg = (gr < n_rows)[None, :] & (gk < DH)[:, None]
+        q_lo = gl.convert_layout(
+            gl.load(p_g + gd_lo[:, None] * s_qd, mask=mg, other=0.0).to(gl.float16), qb_l)
+        q_hi = gl.convert_layout(
+            gl.load(p_g + gd_hi[:, None] * s_qd, mask=mg, other=0.0).to(gl.float16), qb_l)
     else:
-        qd_lo = qk.to(gl.int64)
-        qd_hi = qd_lo + DH
-    p_q = (q_ptr + b * s_qb + (h * G + qr % G).to(gl.int64)[None, :] * s_qh
-           + (qr // G).to(gl.int64)[None, :] * s_ql)
-    mq = (qr < n_rows)[None, :] & (qk < DH)[:, None]
-    q_lo = gl.load(p_q + qd_lo[:, None] * s_qd, mask=mq, other=0.0).to(gl.float16)
-    q_hi = gl.load(p_q + qd_hi[:, None] * s_qd, mask=mq, other=0.0).to(gl.float16)
+        p_q = (q_ptr + b * s_qb + (h * G + qr % G).to(gl.int64)[None, :] * s_qh
+               + (qr // G).to(gl.int64)[None, :] * s_ql)
+        mq = (qr < n_rows)[None, :] & (qk < DH)[:, None]
+        q_lo = gl.load(p_q + qk.to(gl.int64)[:, None] * s_qd, mask=mq,
+                       other=0.0).to(gl.float16)
+        q_hi = gl.load(p_q + (qk + DH).to(gl.int64)[:, None] * s_qd, mask=mq,
+                       other=0.0).to(gl.float16)
     top = (qc < 4)[None, :]
     zq = gl.zeros([DH, NC], gl.float16, qb_l)
     bq_lo0 = gl.where(top, q_lo, zq)
