@@ -109,3 +109,22 @@ def test_names_and_errors():
         WidestBitFormat().quantize(torch.randn(1, 1, 10, 64))
     with pytest.raises(FormatError, match=r"int4w-c64 is a key format .* e\.g\. k4w-c64v4"):
         KVSpec.parse("int4w-c64")  # values per channel: refused when the spec is named
+
+
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
+def test_channel_order_is_a_stable_descending_sort_of_the_ranges(d):
+    """`channel_order` ranks by comparisons; a stable sort (NaN ranges widest) says the
+    same, ties included: many channels share a range here."""
+    from kvtax.formats.widest import channel_order, selected
+    torch.manual_seed(d)
+    x = torch.randint(0, 5, (3, 2, 64, d)).float() * torch.randint(1, 4, (d,)).float()
+    x[0, 0, 5, 7] = float("nan")
+    x[1, 1, :, :] = 0.25  # every range equal: the first R channels
+    rng = torch.nan_to_num(x.amax(-2) - x.amin(-2), nan=float("inf"))
+    top = torch.argsort(rng, dim=-1, descending=True, stable=True)[..., :selected(d)]
+    chosen = torch.zeros_like(rng, dtype=torch.bool).scatter_(-1, top, True)
+    want = torch.argsort((~chosen).to(torch.uint8), dim=-1, stable=True)
+    got = channel_order(x)
+    assert torch.equal(got, want)
+    assert torch.equal(got[1, 1], torch.arange(d))
+    assert 7 in got[0, 0, :selected(d)].tolist()  # the NaN channel counts as widest
