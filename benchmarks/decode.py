@@ -12,10 +12,8 @@ times `decode_step` (logits out of the graph) then `sample` instead.
 
 `--variants` times launch overrides side by side in one process, each a cell of its own:
 a variant is kvtax.models.launch.DecodeLaunch's syntax (GEMV fields per projection,
-forced decode-attention keywords) plus `step.greedy=0|1` and `store.blocks=0|1` (0: a
-block-quantized key cache (q4's body) writes through torch, not its fused kernel,
-kvtax.formats.block_store_triton). PDL off is a second run with the environment variable
-KVTAX_PDL=0.
+forced decode-attention keywords) plus `step.greedy=0|1`. PDL off is a second run with
+the environment variable KVTAX_PDL=0.
 
 The prompt is NOT prefetched through the model: to reach 128k in seconds the cache is
 filled directly with random K/V (N(0, 1), quantized on append exactly as a prefill would
@@ -42,7 +40,6 @@ import torch
 
 from kvtax.cli.validate import parse_contexts
 from kvtax.errors import OptionError
-from kvtax.formats.channel import ChannelBlockFormat
 from kvtax.harness.bench.decode_timing import (
     DTYPES, device_name, fill_random, kernel_read_ceiling, measure_read_bandwidth, quantile,
     run_metadata, time_steps, weight_bytes_per_token)
@@ -104,9 +101,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def variant_list(args: argparse.Namespace) -> list[tuple[str, DecodeLaunch, bool, bool]]:
-    """(text, launch overrides, greedy step, fused block-key writes) of each variant to
-    time, checked up front; a bad one exits 2 with a one-line error."""
+def variant_list(args: argparse.Namespace) -> list[tuple[str, DecodeLaunch, bool]]:
+    """(text, launch overrides, greedy step) of each variant to time, checked up front;
+    a bad one exits 2 with a one-line error."""
     if args.gemv_override and args.variants:
         _bad_input("give --gemv-override or --variants, not both")
     if args.gemv_override:
@@ -117,22 +114,19 @@ def variant_list(args: argparse.Namespace) -> list[tuple[str, DecodeLaunch, bool
     out = []
     for text in texts:
         items = [t.strip() for t in text.split(",") if t.strip()]
-        step = [t for t in items if t.startswith(("step.", "store."))]
-        greedy, blocks = args.step == "greedy", True
+        step = [t for t in items if t.startswith("step.")]
+        greedy = args.step == "greedy"
         for item in step:
-            if item in ("step.greedy=0", "step.greedy=1"):
-                greedy = item.endswith("1")
-            elif item in ("store.blocks=0", "store.blocks=1"):
-                blocks = item.endswith("1")
-            else:
-                _bad_input(f"variant item {item!r}: step.greedy=0|1 or store.blocks=0|1")
+            if item not in ("step.greedy=0", "step.greedy=1"):
+                _bad_input(f"variant item {item!r}: the step item is step.greedy=0 or =1")
+            greedy = item.endswith("1")
         try:
             launch = DecodeLaunch.parse(",".join(t for t in items if t not in step))
         except OptionError as exc:
             _bad_input(str(exc))
         if launch.attention and args.compile != "off":
             _bad_input("attn.* variants launch the attention kernels uncompiled: no --compile")
-        out.append((text, launch, greedy, blocks))
+        out.append((text, launch, greedy))
     return out
 
 
@@ -164,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     cells = [(ctx, kv, c, v) for ctx in contexts for kv in formats for c in compiles
              for v in variants]
-    for ctx, kv, compiled, (variant, launch, greedy, blocks) in cells:
+    for ctx, kv, compiled, (variant, launch, greedy) in cells:
         row = {"config": cfg.name, "context": ctx, "kv": kv, "batch": args.batch,
                "dtype": str(dtype), "device": device_name(dev),
                "weight_bytes": weight_bytes, "read_bw_Bps": bw, "compiled": compiled,
                "gemv": args.gemv, "variant": variant,
                "step": "greedy" if greedy else "logits"}
         try:
-            row.update(run_cell(model, kv, ctx, args, compiled, greedy, launch, blocks))
+            row.update(run_cell(model, kv, ctx, args, compiled, greedy, launch))
             total = weight_bytes + row["kv_bytes"]
             row["roofline_ms"] = 1000 * total / bw
             row["roofline_fraction"] = row["roofline_ms"] / row["ms_median"]
@@ -203,10 +197,10 @@ def write_json(args, dev, dtype, bw, torch_bw, kernel_bw, rows) -> None:  # noqa
 
 def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
              compiled: bool = False, greedy: bool = True,
-             launch: DecodeLaunch | None = None, fused_blocks: bool = True) -> dict:
+             launch: DecodeLaunch | None = None) -> dict:
     """Fill a cache to `ctx` tokens with random K/V, then time real decode steps (greedy:
     Runner.decode_greedy; else decode_step and sample) launched with `launch`'s
-    overrides; fused_blocks False: block-quantized key caches write through torch."""
+    overrides."""
     dev = model.embed.weight.device
     if compiled:
         torch._dynamo.reset()  # a fresh trace per cell: new caches, no recompile limit hit
@@ -214,10 +208,6 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
                     fused_gemv={"auto": None, "torch": False, "triton": True}[args.gemv],
                     compile=compiled, launch=launch)
     caches = runner.make_caches(capacity=ctx + args.warmup + args.tokens + args.profile + 2)
-    if not fused_blocks:
-        for part in (p for c in caches for p in getattr(c, "parts", [c])):
-            if isinstance(part.spec.key, ChannelBlockFormat):
-                part.fused_store = False
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     try:
