@@ -56,6 +56,9 @@ class KeyBlocks:
         self.buf: torch.Tensor | None = None  # [B, H, rows, D], allocated once
         # int4w-c64: the channel order [B, H, D] int64, written in place (a graph reads it)
         self.order: torch.Tensor | None = None
+        # write_at's order choice at block 0 on the device (kvtax.formats.order_triton):
+        # None where the tensors are on CUDA, True forces it (the interpreter in tests)
+        self.device_order: bool | None = None
         self.start = self.end = 0
 
     @property
@@ -105,8 +108,24 @@ class KeyBlocks:
         if self.order is None:
             return first + lanes, self.fmt.quantize(x)
         # block 0 chooses the order afresh, any other block keeps it: no host branch
-        self.order.copy_(torch.where(first == 0, channel_order(x), self.order))
+        if not self._choose_order_on_device(pos_t):
+            self.order.copy_(torch.where(first == 0, channel_order(x), self.order))
         return first + lanes, self.fmt.quantize(x, self.order)
+
+    def _choose_order_on_device(self, pos_t: torch.Tensor) -> bool:
+        """write_at's order choice by one kernel that does nothing past block 0 (torch
+        computes it every step); False where it does not apply."""
+        assert self.buf is not None and self.order is not None
+        if self.device_order is False or (self.device_order is None and not self.buf.is_cuda):
+            return False
+        try:
+            from kvtax.formats import order_triton
+        except ImportError:  # no (working) Triton: torch serves
+            return False
+        if order_triton.unsupported_reason(self.buf, pos_t, self.order) is not None:
+            return False
+        order_triton.choose_order(self.buf, pos_t, self.order)
+        return True
 
     def advance(self, n: int) -> None:
         """Count `n` tokens staged at `[end, end + n)` (by `extend` or `write_at`)."""
