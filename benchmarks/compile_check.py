@@ -323,6 +323,15 @@ def store_cases():
         if d == 128 and dtype == torch.bfloat16:
             yield (f"store {spec} D{d} {dtype} T{t} pdl",
                    lambda c=cache, k=k: _with_all_pdl(lambda: c.append(k, k)))
+    # int4w-c64's channel order chosen at block 0 (formats/order_triton.py)
+    from kvtax.formats import order_triton
+
+    order_triton._interpreting = lambda: True  # let the wrapper take CPU tensors
+    for d in (64, 128, 256):
+        buf = torch.randn(1, 8, 320, d, dtype=torch.bfloat16)
+        order = torch.zeros(1, 8, d, dtype=torch.int64)
+        yield (f"store block0 order D{d}",
+               lambda b=buf, o=order: order_triton.choose_order(b, torch.tensor([3]), o))
 
 
 def gemv_cases():
