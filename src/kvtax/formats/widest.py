@@ -71,10 +71,10 @@ def channel_order(block0: torch.Tensor) -> torch.Tensor:
     the R widest channels (max - min over the block; equal ranges to the lower channel, a
     NaN range as the widest), ascending, then the others ascending.
 
-    By comparisons, not sorts: a decode step computes it for every open block (a CUDA
-    graph cannot skip it past block 0), and two argsorts per layer took 0.58 of q4's
-    7.04 ms per token at 32k on an H100 (Llama-3.1-8B shapes, benchmarks/decode.py
-    --profile); the [D, D] comparisons fuse into one small reduction."""
+    By comparisons, not sorts: a decode step off CUDA computes it for every open block
+    (a graph cannot skip it past block 0; on CUDA kvtax.formats.order_triton does, with
+    the same ranks), and two argsorts per layer took 0.59 of q4's 7.04 ms per token at
+    32k on an H100 (Llama-3.1-8B shapes, benchmarks/decode.py --profile)."""
     d = block0.shape[-1]
     r = selected(d)
     rng = block0.float().amax(-2) - block0.float().amin(-2)            # [..., D]
