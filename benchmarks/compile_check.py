@@ -436,7 +436,8 @@ def _resources(kernel) -> str:
         f.flush()
         out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
     found = dict(re.findall(r"(REG|STACK):(\d+)", out))
-    return f"regs={found.get('REG', '?')} stack={found.get('STACK', '?')}"
+    return (f"regs={found.get('REG', '?')} stack={found.get('STACK', '?')} "
+            f"smem={kernel.metadata.shared}")
 
 
 def main() -> int:

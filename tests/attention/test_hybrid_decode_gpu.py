@@ -97,6 +97,7 @@ def test_q4_body_runs_beside_the_ring_and_sees_what_came_before():
     replay's new query in both parts, and the reduce must see both parts' splits."""
     from kvtax import pdl
     from kvtax.attention import launch
+    from kvtax.attention.launch_table import sm_count
 
     q, cache = _q4(70000)
     view = cache.view()
@@ -110,6 +111,10 @@ def test_q4_body_runs_beside_the_ring_and_sees_what_came_before():
         launch._beside = real
     assert [(a.cfg.kernel, a.cfg.pdl_beside) for a in seen[0]] == [
         ("warp", False), ("swap", True)]
+    ring, body = seen[0]  # _make_room: one ring split per head, every program resident
+    programs = q.shape[0] * view.parts[0].view.num_kv_heads
+    assert ring.cfg.num_splits == 1
+    assert (ring.cfg.num_splits + body.cfg.num_splits) * programs <= 8 * sm_count(q.device)
     gen = torch.Generator(device="cuda").manual_seed(7)
     queries = [torch.randn(q.shape, generator=gen, device="cuda").half() * 4 for _ in range(8)]
     q_in = torch.empty_like(q)

@@ -212,6 +212,34 @@ def test_swap_parts_run_beside_the_fp16_part_under_pdl(monkeypatch):
     assert "PDL_BESIDE" not in launch.pdl_options("attention", torch.empty(1), ring.cfg)
 
 
+def _room_parts(ring_splits, body_splits, per_sm=8, beside=True):
+    """A fp16 ring part and a body, 2 KV heads, on CPU tensors (4 SMs: launch_table)."""
+    from types import SimpleNamespace
+
+    ring = _args("warp")
+    body = _args("swap", per_sm=per_sm, pdl_beside=beside)
+    for a, n in ((ring, ring_splits), (body, body_splits)):
+        a.cfg = dataclasses.replace(a.cfg, num_splits=n)
+        a.q, a.view = torch.empty(1, 8, 1, 64), SimpleNamespace(num_kv_heads=2)
+    return [ring, body]
+
+
+def test_the_body_makes_room_for_the_fp16_part_where_both_fill_every_sm():
+    """16 body splits x 2 heads fill 4 SMs at 8 programs each: the ring's 3 splits per
+    head go to 1, and the body gives up one split (2 programs) for them."""
+    ring, body = launch._make_room(_room_parts(3, 16))
+    assert (ring.cfg.num_splits, body.cfg.num_splits) == (1, 15)
+
+
+@pytest.mark.parametrize("case", [dict(body_splits=10), dict(per_sm=12), dict(beside=False)])
+def test_parts_keep_their_splits_where_they_fit_or_were_not_measured(case):
+    """Room to spare (20 + 6 programs of 32), a body at 12 per SM (measured slower with
+    the change), or parts run one after the other (no PDL): nothing changes."""
+    kw = dict(ring_splits=3, body_splits=16) | case
+    ring, body = launch._make_room(_room_parts(**kw))
+    assert (ring.cfg.num_splits, body.cfg.num_splits) == (3, kw["body_splits"])
+
+
 def test_a_short_part_reads_one_tile_per_split():
     """The fp16 part of a hybrid cache (a ring through its window) gets one split per
     tile it reads; the body keeps its own split count."""

@@ -22,7 +22,7 @@ from kvtax.attention.kernels.decode_swap import decode_swap_kernel
 from kvtax.attention.kernels.decode_warp import decode_warp_kernel
 from kvtax.attention.kernels.prefill import prefill_attn_fwd_kernel
 from kvtax.attention.kernels.reduce import decode_attn_reduce_kernel
-from kvtax.attention.launch_table import LaunchConfig, launch_config, max_slots
+from kvtax.attention.launch_table import LaunchConfig, launch_config, max_slots, sm_count
 from kvtax.attention.support import (
     format_code, gluon_swap_kernel, gluon_swap_reason, half_width, interpreting,
     swap_reason, unsupported_reason, v_pairs, warp_reason,
@@ -124,7 +124,7 @@ def launch_parts_decode(
         return out
     _short_splits(checked)
     if not any(rotate_partials):
-        checked = _beside(checked)
+        checked = _make_room(_beside(checked))
     part = decode_workspace(q0, parts[0][1].num_kv_heads,
                             sum(a.cfg.num_splits for a in checked))
     base = 0
@@ -136,6 +136,45 @@ def launch_parts_decode(
         base += a.cfg.num_splits
     _reduce(part, out, q0, checked[0].common["G"], dict(Lse=out, HAS_LSE=False))
     return out
+
+
+def _make_room(checked: list[_Args]) -> list[_Args]:
+    """Under `_beside`, where the body (the last part) is a one-warp kernel sized to fill
+    every SM at 8 programs (`LaunchConfig.per_sm`) and the parts before it would not fit
+    beside it: those parts take one split per (batch, KV head) and the body gives up as
+    many programs, so every program of both is resident from the start.
+
+    Why: an fp16-part program (decode_warp, 255 registers) leaves room for one body
+    program (~208) on its scheduler, not two; with every SM full, each one pushes a body
+    program past its first wave, ending the body one fp16 program later. On an H100 at
+    128k (attention.py, 2026-12-05) q4 took 0.070 ms with the part's 5 one-tile splits per
+    head, 0.073 with those and 5 body splits given up, 0.074 with one split per head and
+    none given up, 0.067 with one split per head and one given up (int4 0.060); the body
+    first and the part beside it after read 0.077. At 12 body programs per SM (168
+    registers) one part program displaces two and the same change read 0.067 against
+    0.065: left as it was."""
+    if len(checked) < 2 or not checked[-1].cfg.pdl_beside:
+        return checked
+    body, small = checked[-1], checked[:-1]
+    if body.cfg.per_sm != ROOM_PER_SM:
+        return checked
+    programs = body.q.shape[0] * body.view.num_kv_heads
+
+    def over() -> int:
+        shown = sum(a.cfg.num_splits * a.q.shape[0] * a.view.num_kv_heads for a in small)
+        return (body.cfg.num_splits * programs + shown
+                - body.cfg.per_sm * sm_count(body.q.device))
+
+    if over() <= 0:
+        return checked
+    for a in small:
+        a.cfg = dataclasses.replace(a.cfg, num_splits=1)
+    give = -(-max(over(), 0) // programs)
+    body.cfg = dataclasses.replace(body.cfg, num_splits=max(1, body.cfg.num_splits - give))
+    return checked
+
+
+ROOM_PER_SM = 8  # the body's programs per SM where `_make_room` applies (measured there)
 
 
 SHORT_PART_TILES = 64  # a part of at most this many tiles is read one tile per split

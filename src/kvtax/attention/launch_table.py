@@ -67,6 +67,7 @@ class LaunchConfig:
     pdl_late: bool = True
     pdl_beside: bool = False
     max_registers: int | None = None  # ptxas's cap (`maxnreg`), where the table sets one
+    per_sm: int | None = None  # programs per SM the grid was sized for (one-warp kernels)
 
 
 @lru_cache(maxsize=None)
@@ -176,7 +177,8 @@ def warp_decode_config(
     launch letting the reduce go at its end under PDL (measured best, docs/KERNELS.md)."""
     splits = _splits(view, q, lengths, block_n, per_sm, 4, 1024,
                      q.shape[0] * view.num_kv_heads)
-    return LaunchConfig("decode", 16, block_n, 1, num_stages, splits, kernel="warp")
+    return LaunchConfig("decode", 16, block_n, 1, num_stages, splits, kernel="warp",
+                        per_sm=per_sm)
 
 
 def swap_decode_config(
@@ -210,7 +212,7 @@ def swap_decode_config(
     full_grid = splits == max(1, per_sm * sm_count(q.device) // programs)
     return LaunchConfig("decode", 16, 32, 1, num_stages, splits, kernel="swap",
                         pdl_launch=per_sm >= 12 and full_grid, pdl_late=per_sm < 12,
-                        max_registers=168 if per_sm >= 12 else None)
+                        max_registers=168 if per_sm >= 12 else None, per_sm=per_sm)
 
 
 def tile_decode_config(
