@@ -144,9 +144,10 @@ def _make_room(checked: list[_Args]) -> list[_Args]:
     beside it: those parts take one split per (batch, KV head) and the body gives up as
     many programs, so every program of both is resident from the start.
 
-    Why: an fp16-part program (decode_warp, 255 registers) leaves room for one body
-    program (~208) on its scheduler, not two; with every SM full, each one pushes a body
-    program past its first wave, ending the body one fp16 program later. On an H100 at
+    Why (register arithmetic; the timings agree): an fp16-part program (decode_warp, 255
+    registers) leaves room for one body program (~208) on its scheduler, not two; with every
+    SM full, each one pushes a body program past its first wave, ending the body one fp16
+    program later. On an H100 at
     128k (attention.py, 2026-12-05) q4 took 0.070 ms with the part's 5 one-tile splits per
     head, 0.073 with those and 5 body splits given up, 0.074 with one split per head and
     none given up, 0.067 with one split per head and one given up (int4 0.060); the body
