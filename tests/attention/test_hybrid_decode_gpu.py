@@ -96,22 +96,22 @@ def test_q4_body_runs_beside_the_ring_and_sees_what_came_before():
     start): a graph that writes the query right before attention must still read each
     replay's new query in both parts, and the reduce must see both parts' splits."""
     from kvtax import pdl
-    from kvtax.attention import launch
+    from kvtax.attention import parts_plan
     from kvtax.attention.launch_table import sm_count
 
     q, cache = _q4(70000)
     view = cache.view()
     assert pdl.enabled("attention", q, False)
     seen = []
-    real = launch._beside
-    launch._beside = lambda checked: seen.append(real(checked)) or seen[-1]
+    real = parts_plan.beside
+    parts_plan.beside = lambda checked: seen.append(real(checked)) or seen[-1]
     try:
         attention(q, view)
     finally:
-        launch._beside = real
+        parts_plan.beside = real
     assert [(a.cfg.kernel, a.cfg.pdl_beside) for a in seen[0]] == [
         ("warp", False), ("swap", True)]
-    ring, body = seen[0]  # _make_room: one ring split per head, every program resident
+    ring, body = seen[0]  # make_room: one ring split per head, every program resident
     programs = q.shape[0] * view.parts[0].view.num_kv_heads
     assert ring.cfg.num_splits == 1
     assert (ring.cfg.num_splits + body.cfg.num_splits) * programs <= 8 * sm_count(q.device)

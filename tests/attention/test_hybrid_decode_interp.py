@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvtax.attention import dispatch as dispatch_mod
-from kvtax.attention import launch, support
+from kvtax.attention import launch, parts_plan, support
 from kvtax.attention.dispatch import attention, hybrid_decode_reason
 from kvtax.attention.kernels import decode, decode_swap, decode_warp, reduce
 from kvtax.attention.lse import attention_lse, merge_lse
@@ -203,7 +203,7 @@ def test_swap_parts_run_beside_the_fp16_part_under_pdl(monkeypatch):
     """Under PDL the fp16 part launches normally and lets the body launch first thing; the
     body (kernel "swap") runs beside it and keeps its own end-of-kernel trigger."""
     monkeypatch.setattr(launch.pdl, "enabled", lambda kind, t, interp: True)
-    ring, body = launch._beside([_args("warp", pdl_launch=True),
+    ring, body = parts_plan.beside([_args("warp", pdl_launch=True),
                                  _args("swap", pdl_launch=False, pdl_late=True)])
     assert (ring.cfg.pdl_launch, ring.cfg.pdl_late, ring.cfg.pdl_beside) == (False, False, False)
     assert (body.cfg.pdl_launch, body.cfg.pdl_late, body.cfg.pdl_beside) == (True, True, True)
@@ -227,7 +227,7 @@ def _room_parts(ring_splits, body_splits, per_sm=8, beside=True):
 def test_the_body_makes_room_for_the_fp16_part_where_both_fill_every_sm():
     """16 body splits x 2 heads fill 4 SMs at 8 programs each: the ring's 3 splits per
     head go to 1, and the body gives up one split (2 programs) for them."""
-    ring, body = launch._make_room(_room_parts(3, 16))
+    ring, body = parts_plan.make_room(_room_parts(3, 16))
     assert (ring.cfg.num_splits, body.cfg.num_splits) == (1, 15)
 
 
@@ -236,7 +236,7 @@ def test_parts_keep_their_splits_where_they_fit_or_were_not_measured(case):
     """Room to spare (20 + 6 programs of 32), a body at 12 per SM (measured slower with
     the change), or parts run one after the other (no PDL): nothing changes."""
     kw = dict(ring_splits=3, body_splits=16) | case
-    ring, body = launch._make_room(_room_parts(**kw))
+    ring, body = parts_plan.make_room(_room_parts(**kw))
     assert (ring.cfg.num_splits, body.cfg.num_splits) == (3, kw["body_splits"])
 
 
@@ -252,7 +252,7 @@ def test_a_short_part_reads_one_tile_per_split():
                                 k=SimpleNamespace(codes=torch.empty(1, 1, 131072, 1)))
     ring.lengths = body.lengths = None
     ring.q = body.q = torch.empty(1, 32, 1, 128)
-    launch._short_splits([ring, body])
+    parts_plan.short_splits([ring, body])
     assert (ring.cfg.num_splits, body.cfg.num_splits) == (7, 4)  # (4 + 128 + 1 + 64) / 32
 
 
@@ -260,11 +260,11 @@ def test_a_short_part_reads_one_tile_per_split():
 def test_parts_stay_in_order_without_swap_bodies(monkeypatch, kernels):
     monkeypatch.setattr(launch.pdl, "enabled", lambda kind, t, interp: True)
     parts = [_args(k) for k in kernels]
-    assert launch._beside(parts) == parts
+    assert parts_plan.beside(parts) == parts
     assert not any(p.cfg.pdl_beside for p in parts)
 
 
 def test_parts_stay_in_order_without_pdl():
     parts = [_args("warp"), _args("swap")]
-    assert launch._beside(parts) == parts  # CPU tensors: PDL off
+    assert parts_plan.beside(parts) == parts  # CPU tensors: PDL off
     assert not any(p.cfg.pdl_beside for p in parts)
