@@ -27,13 +27,12 @@ def make_room(checked: list[Any]) -> list[Any]:
     Why (register arithmetic; the timings agree): an fp16-part program (decode_warp, 255
     registers) leaves room for one body program (~208) on its scheduler, not two; with every
     SM full, each one pushes a body program past its first wave, ending the body one fp16
-    program later. On an H100 at
-    128k (attention.py, 2026-12-05) q4 took 0.070 ms with the part's 5 one-tile splits per
-    head, 0.073 with those and 5 body splits given up, 0.074 with one split per head and
-    none given up, 0.067 with one split per head and one given up (int4 0.060); the body
-    first and the part beside it after read 0.077. At 12 body programs per SM (168
-    registers) one part program displaces two and the same change read 0.067 against
-    0.065: left as it was."""
+    program later. On an H100 at 128k (attention.py, 2026-12-05) q4 took 0.070 ms with the
+    part's 5 one-tile splits per head (`short_splits`), 0.073 with those and 5 body splits
+    given up, 0.074 with one split per head and none given up, 0.067 with one split per
+    head and one given up (int4 0.060); the body first and the part beside it after read
+    0.077. At 12 body programs per SM (168 registers) one part program displaces two and
+    the same change read 0.067 against 0.065: left as it was."""
     if len(checked) < 2 or not checked[-1].cfg.pdl_beside:
         return checked
     body, small = checked[-1], checked[:-1]
