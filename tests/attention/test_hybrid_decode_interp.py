@@ -86,6 +86,7 @@ CASES = [
     ("int4+hkv@s2r16", 128, 1, 77, 1, None),     # rotated values: fp16 partials rotated
     ("int8@s2r8", 64, 1, 70, 3, 24),             # a sliding layer: the body is a ring
     ("k4-c64v4@r64i8", 64, 2, 333, 1, 200),      # q4 on a sliding layer: an int8 ring
+    ("k4-c64v4-g128@r64i8", 256, 4, 333, 1, 200),  # q4 there at Gemma-3's head_dim: V g128
 ]
 
 

@@ -51,6 +51,7 @@ CASES = [
     ("int4-g32+hk@s4r16", 64, 4, 90, 24, None),   # rotated keys: q H for the body
     ("int8@s2r8", 64, 2, 70, 30, 24),             # a sliding layer: the body is a ring
     ("k4-c64v4@r64i8", 64, 2, 333, 70, 200),      # q4 on a sliding layer: an int8 ring
+    ("k4-c64v4-g128@r64i8", 256, 4, 333, 70, 200),  # q4 there at Gemma-3's head_dim: V g128
 ]
 
 

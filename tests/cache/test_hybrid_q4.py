@@ -100,15 +100,15 @@ def test_make_caches_gives_q4_layers_block_aligned_bodies() -> None:
 
 def test_q4_sliding_layers_keep_their_recent_tokens_in_int8():
     """q4 on a sliding-window layer: int4-c64 keys need >= 63 recent tokens outside the
-    body, an eighth of a 512 window in fp16, so the short name keeps 64 in int8 there
-    (k4-c64v4@r64i8, SLIDING_FORMS); its expansion gets the same, an explicit --sliding-kv
-    wins, and other specs are unchanged."""
+    body, an eighth of a 512 window in fp16, so the short name keeps 64 in int8 there, with
+    values in groups of 128 (k4-c64v4-g128@r64i8, SLIDING_FORMS); its expansion gets the
+    same, an explicit --sliding-kv wins, and other specs are unchanged."""
     from kvtax.cache.policy import make_caches
     from kvtax.formats.hybrid import sliding_form
 
     for spec in ("q4", "k4w-c64v4@s4r128"):
         names = [c.spec.name for c in make_caches([512, None, 512], spec)]
-        assert names == ["k4-c64v4@r64i8", "k4w-c64v4@s4r128", "k4-c64v4@r64i8"]
+        assert names == ["k4-c64v4-g128@r64i8", "k4w-c64v4@s4r128", "k4-c64v4-g128@r64i8"]
     assert [c.spec.name for c in make_caches([512, None], "q4", sliding_spec="fp16")] == [
         "fp16", "k4w-c64v4@s4r128"]
     assert sliding_form("q8") is None and sliding_form("int4+hk@s4r128") is None
@@ -119,6 +119,7 @@ def test_q4_sliding_layers_keep_their_recent_tokens_in_int8():
     k, v = torch.randn(2, 1, 2, 600, 256, dtype=torch.bfloat16).unbind(0)
     cache.append(k, v)
     # per KV head (2): 512 window rows of int4-c64 keys (128 B of codes + a bf16 scale and
-    # bias per channel per 64 tokens: 16 B a row) and int4 values (128 B + 4 groups of
-    # scale and bias), and 64 recent tokens in int8 (256 B + 4 groups: 272 B per K or V)
-    assert cache.used_nbytes == 2 * (512 * (128 + 16 + 128 + 4 * 4) + 64 * 2 * 272)
+    # bias per channel per 64 tokens: 16 B a row) and int4 values (128 B + 2 groups of 128
+    # with a scale and bias), and 64 recent tokens in int8 (256 B + 4 groups: 272 B per K
+    # or V)
+    assert cache.used_nbytes == 2 * (512 * (128 + 16 + 128 + 2 * 4) + 64 * 2 * 272)

@@ -3,7 +3,8 @@
 Regression: the default `int8+hk+ck` (group 64) raised FormatError on the first append at
 head_dim 96 (Phi-3-mini) and 80, so the library's default did not run on every model the
 loaders accept. A name without `-g<N>` now takes the largest group size up to 64 that
-divides head_dim; an explicit group is still refused where it does not divide.
+divides head_dim; an explicit group is still refused where it does not divide, unless it
+is wider than the row (q4's sliding form names values in groups of 128).
 """
 
 from __future__ import annotations
@@ -174,3 +175,19 @@ def test_recall_arms_fit_head_dim(tmp_path) -> None:
     cfg = RecallConfig(model="d96", contexts=[400], kvs=["int8"], facts=1, max_new_tokens=2)
     rows = read_rows(run_recall(cfg, tmp_path, model=model, log=lambda s: None))
     assert rows and {(r["kv"], r["status"]) for r in rows} == {("int8-g32", "ok")}
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_group_wider_than_the_row_fits(d: int) -> None:
+    """q4's sliding-window form names values in groups of 128 (k4-c64v4-g128@r64i8): at
+    head_dim 64 a row is one group of 64, quietly; where 128 divides head_dim it is kept;
+    a narrower explicit group that does not divide is still refused."""
+    want = {64: 64, 80: 16, 96: 32, 128: 128, 256: 128}[d]
+    assert fit_head_dim("int4-g128", d).value.group_size == want
+    cache = FullCache("int4-g128")
+    k = torch.randn(1, 1, 5, d)
+    cache.append(k, k.clone())
+    assert cache.spec.key.group_size == want
+    if d % 64:
+        with pytest.raises(FormatError, match="not divisible"):
+            FullCache("int4-g64").append(k, k.clone())

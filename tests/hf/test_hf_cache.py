@@ -90,10 +90,12 @@ def test_per_layer_formats() -> None:
 
 
 def test_unfit_format_fails_at_construction() -> None:
-    """head_dim 48 does not split into groups of 64: an explicit -g64 fails before any
-    forward; a name without a group takes one that divides head_dim (fit_head_dim)."""
+    """head_dim 48 does not split into groups of 32: an explicit -g32 fails before any
+    forward; a name without a group, or with one wider than the row, takes one that
+    divides head_dim (fit_head_dim)."""
     with pytest.raises(FormatError, match="int8-g16"):
-        KVTaxCache(tiny_config("llama", head_dim=48), kv="int8-g64")
+        KVTaxCache(tiny_config("llama", head_dim=48), kv="int8-g32")
+    assert KVTaxCache(tiny_config("llama", head_dim=48), kv="int8-g64").specs[0].name == "int8-g16"
     assert KVTaxCache(tiny_config("llama", head_dim=48), kv="int8").specs[0].name == "int8-g16"
     assert KVTaxCache(tiny_config("llama", head_dim=48), kv="int8-g16").specs[0].name == "int8-g16"
 
@@ -101,7 +103,7 @@ def test_unfit_format_fails_at_construction() -> None:
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_hybrid_short_context_reads_fp16(family: str) -> None:
     """q4 keeps 4 sink and 128 recent tokens in fp16 (a sliding layer 64 in int8,
-    k4-c64v4@r64i8): under that many tokens its logits are those of fp16 KV (int8 on the
+    k4-c64v4-g128@r64i8): under that many tokens its logits are those of fp16 KV (int8 on the
     sliding layers)."""
     model = _model(family, seed=2)
     ids = torch.randint(1, 97, (1, 40))
@@ -112,7 +114,7 @@ def test_hybrid_short_context_reads_fp16(family: str) -> None:
                  atol=1e-4, rel_rms=1e-5, what=family)
     specs = {s.name for s in cache.specs}
     assert specs == ({"k4w-c64v4@s4r128"} if family == "llama"
-                     else {"k4w-c64v4@s4r128", "k4-c64v4@r64i8"}), specs
+                     else {"k4w-c64v4@s4r128", "k4-c64v4-g128@r64i8"}), specs
 
 
 def test_hybrid_chunked_prefill_and_decode_equal_one_shot() -> None:

@@ -28,7 +28,7 @@ def test_q4_logits_do_not_depend_on_chunking(name) -> None:
     ids = torch.randint(0, 256, (1, 420), generator=torch.Generator().manual_seed(0))
     logits = []
     for chunk in (420, 7, 130):
-        # q4's sliding layers keep their recent tokens in int8 (k4-c64v4@r64i8,
+        # q4's sliding layers keep their recent tokens in int8 (k4-c64v4-g128@r64i8,
         # SLIDING_FORMS); named here, they keep fp16 ones around the same c64 ring body
         runner = Runner(model, kv="q4", sliding_kv="k4w-c64v4@s4r128", chunk_size=chunk)
         caches = runner.make_caches()
@@ -61,7 +61,7 @@ def _peaked(source, **kw) -> torch.nn.Module:
 
 def _config(name: str):
     """`name`'s config, a sliding window past q4's 128 recent tokens: q4's sliding layers
-    then hold k4-c64v4@r64i8 (SLIDING_FORMS): a c64 ring body and an int8 recent ring."""
+    then hold k4-c64v4-g128@r64i8 (SLIDING_FORMS): a c64 ring body and an int8 recent ring."""
     cfg = get_config(name)
     return dataclasses.replace(cfg, sliding_window=300) if cfg.sliding_window else cfg
 

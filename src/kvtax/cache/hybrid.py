@@ -78,12 +78,14 @@ class HybridCache:
             self.fp = SlidingCache(hs.exempt.name, window=max(self.recent, 1), sinks=self.sinks,
                                    max_chunk=max_chunk, check_finite=check_finite,
                                    center_keys=False)
+        # The body by name too: a group wider than the row (q4's sliding form names values
+        # in groups of 128) or none at all fits head_dim at the first append.
         self.body: BaseCache | None = None
         if window is None:
-            self.body = FullCache(hs.base, capacity=capacity, check_finite=check_finite,
+            self.body = FullCache(hs.base.name, capacity=capacity, check_finite=check_finite,
                                   center_keys=False)
         elif self.recent < window:  # else every visible key is recent: no body needed
-            self.body = SlidingCache(hs.base, window=window, max_chunk=max_chunk,
+            self.body = SlidingCache(hs.base.name, window=window, max_chunk=max_chunk,
                                      check_finite=check_finite, center_keys=False)
 
     @property
@@ -114,7 +116,7 @@ class HybridCache:
         body = 0
         if self.body is not None:
             held = self.length if self.window is None else min(self.length, self.window)
-            body = held * self.spec.base.bytes_per_token(store.head_dim, store.dtype)
+            body = held * self.body.spec.bytes_per_token(store.head_dim, store.dtype)
         exempt = min(self.length, self.sinks) + min(max(self.length - self.sinks, 0),
                                                     self.recent)
         fp_bytes = self.fp.spec.bytes_per_token(store.head_dim, store.dtype) if self.fp else 0

@@ -36,7 +36,7 @@ def make_caches(
     spec:         format of full-attention layers (e.g. "int4", "k8v4", "int4+hk@s4r128").
     sliding_spec: format of sliding layers (default: `spec`, or the form its short name
                   stores there, kvtax.formats.spec.SLIDING_FORMS: q4's sliding layers hold
-                  k4-c64v4@r64i8); "fp16" keeps them unquantized.
+                  k4-c64v4-g128@r64i8); "fp16" keeps them unquantized.
     overrides:    layer index → format, applied last (e.g. keep layer 0 in fp16).
     capacity:     preallocate full caches to this many tokens (prompt + max new tokens).
     A hybrid format (`@s<S>r<R>`) gives that layer a HybridCache (a sliding layer's has no

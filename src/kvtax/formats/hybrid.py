@@ -10,8 +10,8 @@ Grammar (case-insensitive): `<spec>@s<S>r<R>[i8]`, either number may be left out
   int4@r64         no sinks, 64 recent tokens
   k8v4@s16         16 sinks, no recent window
   k4-c64v4@r64i8   the sinks and recent tokens in int8 instead of fp16 (q4's form on a
-                   sliding-window layer, where 64 fp16 tokens would weigh an eighth of a
-                   512-token window). Plain per-token int8, neither centered nor rotated:
+                   sliding-window layer, there with values in groups of 128, where 64 fp16
+                   tokens would weigh an eighth of a 512-token window). Plain per-token int8, neither centered nor rotated:
                    where keys carry a large per-channel offset it is the worse part (on
                    Qwen2.5-Coder-0.5B's global layers `@s4r256i8` doubled q4's KL, layer 0
                    at 0.5 relative attention error; docs/QUALITY.md)

@@ -60,13 +60,15 @@ SHORT_NAMES = {"q8": DEFAULT_KV, "q4": "k4w-c64v4@s4r128", "q3": "k3-c64v3-g32@s
 # What a short name stores on a sliding-window layer where that differs. int4-c64 keys need
 # >= 63 recent tokens outside the body (a query never reads a block still open); on a
 # 512-token window 64 fp16 ones weigh an eighth of the layer, so q4 keeps them in int8
-# (`i8`): Gemma-3-270M (15 of 18 layers slide) holds 0.309 of fp16's bytes at 8k, as with
-# per-token int4+hk@s4r32 keys, at half that form's KL there (3.1e-3 vs 6.2e-3 at 4k; keys
-# carried its error: int8 keys 1.4e-3, int8 values 5.2e-3; docs/QUALITY.md).
+# (`i8`), at half the KL of per-token int4+hk@s4r32 keys on Gemma-3-270M (15 of 18 layers
+# slide; 3.1e-3 vs 6.2e-3 at 4k; keys carried its error: int8 keys 1.4e-3, int8 values
+# 5.2e-3; docs/QUALITY.md). Values in groups of 128 (a head_dim-64 model fits them to 64):
+# with q4's fifth key bit on the global layers, groups of 64 held 0.321 of fp16's bytes
+# at 8k, over the 0.32 q4 is for; 128 holds 0.319 at the same KL (2.42e-3 vs 2.36e-3).
 # q3: per-token int3 keys (groups of 64), Hadamard-rotated, with 16 fp16 recent
 # tokens, the most that keeps Gemma-3-270M under 0.25 of fp16's bytes at 8k (0.247; q3's
 # own form there, k3-c64v3-g32@s4r96, holds 0.288). Chosen from bytes alone.
-SLIDING_FORMS = {"q4": "k4-c64v4@r64i8", "q3": "int3+hk@s4r16"}
+SLIDING_FORMS = {"q4": "k4-c64v4-g128@r64i8", "q3": "int3+hk@s4r16"}
 
 
 def expand_short(text: str) -> str:
@@ -100,13 +102,18 @@ def fit_head_dim(spec: "str | KVFormat | KVSpec", head_dim: int) -> "KVSpec":
     """`spec` made valid for rows of `head_dim`: an int format named without `-g<N>` takes
     the largest group size up to its default 64 that divides head_dim ("int8+hk+ck" at 96
     → "int8-g32+hk+ck"; rotation and centering kept), said once per name and head_dim on
-    the "kvtax" logger. An explicit group and a KVFormat / KVSpec object stay as given
-    (`spec.check(head_dim)` then raises FormatError where they do not fit); per-channel
-    keys (q4's int4-c64) have no group to fit and raise here where 64 does not divide
-    head_dim."""
+    the "kvtax" logger. An explicit group wider than the row takes the largest that divides
+    it, quietly (q4's sliding form, values in groups of 128, at head_dim 64 stores groups
+    of 64: one per row, as asked); any other explicit group and a KVFormat / KVSpec object
+    stay as given (`spec.check(head_dim)` then raises FormatError where they do not fit);
+    per-channel keys (q4's int4-c64) have no group to fit and raise here where 64 does not
+    divide head_dim."""
     parsed = KVSpec.parse(spec)
-    if not isinstance(spec, str) or "-g" in spec.lower():
+    if not isinstance(spec, str):
         return parsed
+    if "-g" in spec.lower():
+        return dataclasses.replace(parsed, key=_fit_wide(parsed.key, head_dim),
+                                   value=_fit_wide(parsed.value, head_dim))
     for part in (parsed.key, parsed.value):  # no group to fit: refuse before saying "stored as"
         if isinstance(part, ChannelBlockFormat):
             part.check(head_dim)
@@ -117,6 +124,13 @@ def fit_head_dim(spec: "str | KVFormat | KVSpec", head_dim: int) -> "KVSpec":
         _log.warning("kvtax: KV format %s at head_dim %d (group size 64 does not divide it) "
                      "is stored as %s", spec, head_dim, fitted.name)
     return fitted
+
+
+def _fit_wide(fmt: KVFormat, head_dim: int) -> KVFormat:
+    """An explicit group wider than the row → the largest group size that divides it."""
+    if isinstance(fmt, AffineFormat) and fmt.group_size > head_dim:
+        return _fit_group(fmt, head_dim)
+    return fmt
 
 
 def _fit_group(fmt: KVFormat, head_dim: int) -> KVFormat:

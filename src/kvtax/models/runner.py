@@ -79,7 +79,8 @@ class Runner:
                 format (`int4+hk@s4r128`, `q4`: fp16 sinks and recent window beside a
                 quantized body) is captured like a plain one.
     sliding_kv: format of sliding-window layers (default: `kv`, or the form its short name
-                stores there: q4 → k4-c64v4@r64i8, kvtax.formats.spec.SLIDING_FORMS), e.g. "fp16".
+                stores there: q4 → k4-c64v4-g128@r64i8, kvtax.formats.spec.SLIDING_FORMS),
+                e.g. "fp16".
     chunk_size: prefill chunk in tokens (bounds activation memory at long prompts).
     cuda_graph: None → on for CUDA models; False forces eager decode.
     overrides:  layer index → format (e.g. keep layer 0 in fp16).

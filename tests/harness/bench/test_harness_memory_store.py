@@ -9,6 +9,7 @@ import pytest
 
 import torch
 
+from kvtax.errors import FormatError
 from kvtax.harness.bench import memory
 from kvtax.harness.bench.plan import SweepConfig, plan_cells, resolve_kv
 from kvtax.harness.schema import SchemaError, base_row, make_cell_id, validate_row
@@ -128,8 +129,9 @@ def test_resolve_kv_adapts_default_group_only():
     assert resolve_kv("int8", 32).name == "int8-g32"
     assert resolve_kv("k8v4", 32).name == "k8-g32v4-g32"
     assert resolve_kv("int4", 128).name == "int4"
-    with pytest.raises(Exception):
-        resolve_kv("int4-g128", 64)
+    assert resolve_kv("int4-g128", 64).name == "int4"  # wider than the row: one group
+    with pytest.raises(FormatError, match="--kv int4-g64"):
+        resolve_kv("int4-g64", 96)
 
 
 def test_schema_base_row_and_validation():

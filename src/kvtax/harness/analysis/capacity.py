@@ -81,11 +81,12 @@ class KVLayout:
 def _layer_specs(cfg: object, spec: "str | KVSpec | HybridSpec",
                  sliding_spec: "str | KVSpec | HybridSpec | None"):
     """(window or None, parsed spec) per layer: sliding layers take `sliding_spec`, else
-    the form `spec`'s short name stores there (q4: k4-c64v4@r64i8), else `spec` itself,
-    as kvtax.cache.make_caches gives them; group sizes fitted to head_dim."""
+    the form `spec`'s short name stores there (q4: k4-c64v4-g128@r64i8), else `spec`
+    itself, as kvtax.cache.make_caches gives them; group sizes fitted to head_dim."""
     hd = cfg.head_dim  # type: ignore[attr-defined]
     full = fit_kv(spec, hd)
-    sliding = fit_kv(sliding_spec or sliding_form(full) or full, hd)
+    form = sliding_form(full)  # by name: a group wider than the row fits head_dim
+    sliding = fit_kv(sliding_spec or (form.name if form is not None else full), hd)
     return [(w, full if w is None else sliding)
             for w in cfg.layer_windows()]  # type: ignore[attr-defined]
 

@@ -169,8 +169,9 @@ def resolve_kv(kv: str, head_dim: int, option: str = "--kv") -> "KVSpec | Hybrid
     (`kvtax.formats.fit_head_dim`; rotation and centering kept); a hybrid one (q4,
     int4+hk@s4r128) has its body fitted, its sinks / recent tokens kept.
 
-    Only the default group size is adapted; an explicit `-g<N>` that does not divide
-    head_dim is an error the user should see, naming `option`.
+    Only the default group size is adapted, and an explicit one wider than the row
+    (`-g128` at 64 → 64); any other explicit `-g<N>` that does not divide head_dim is an
+    error the user should see, naming `option`.
     """
     spec = fit_kv(kv, head_dim)
     try:
