@@ -115,9 +115,13 @@ def test_q4_sliding_layers_keep_their_recent_tokens_in_int8():
     for spec in ("q3", "k3-c64v3-g32@s4r96"):  # q3: per-token int3 keys and 16 recent
         assert [c.spec.name for c in make_caches([512, None], spec)] == [
             "int3+hk@s4r16", "k3-c64v3-g32@s4r96"]
+    at64 = make_caches([512], "q4")[0]  # head_dim 64: the body fits one group per row
+    at64.append(*torch.randn(2, 1, 1, 70, 64).unbind(0))
+    assert at64.spec.name == "k4-c64v4@r64i8" and at64.body.spec.value.group_size == 64
     cache = make_caches([512], "q4")[0]
     k, v = torch.randn(2, 1, 2, 600, 256, dtype=torch.bfloat16).unbind(0)
     cache.append(k, v)
+    assert cache.spec.name == "k4-c64v4-g128@r64i8"  # 128 divides head_dim 256: kept
     # per KV head (2): 512 window rows of int4-c64 keys (128 B of codes + a bf16 scale and
     # bias per channel per 64 tokens: 16 B a row) and int4 values (128 B + 2 groups of 128
     # with a scale and bias), and 64 recent tokens in int8 (256 B + 4 groups: 272 B per K

@@ -140,8 +140,13 @@ class HybridCache:
                 else:
                     self.key_shift = mean
             k = center(k, self.key_shift)
+        first = self.length == 0
         for c in self.parts:
             c.append(k, v)
+        if first and self.body is not None and self.body.spec != self.spec.base:
+            # the body fitted its group size to head_dim at its first append: name what
+            # it stores (q4's sliding form at head_dim 64: k4-c64v4@r64i8)
+            self.spec = dataclasses.replace(self.spec, base=self.body.spec)
 
     def write_at(self, k: torch.Tensor, v: torch.Tensor, pos_t: torch.Tensor) -> None:
         """Store ONE token `[B, H_kv, 1, D]` at the position in device tensor `pos_t` `[1]`

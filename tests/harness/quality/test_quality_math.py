@@ -237,7 +237,8 @@ def test_cli_runs_and_rejects_bad_input(tmp_path, capsys) -> None:
 
 def test_rows_name_q4s_sliding_layer_format(gemma) -> None:
     """q4 stores k4-c64v4-g128@r64i8 on sliding-window layers (SLIDING_FORMS): a quality row
-    says which format each layer held, so its bytes and KL can be read against it."""
+    says which format each layer held, so its bytes and KL can be read against it. (This
+    model's 64-token windows are all recent tokens, int8: no body to fit to head_dim 64.)"""
     cfg = QualityConfig(model="tiny-gemma3", contexts=[80], kvs=["q4"], tail=8, chunk_size=40)
     row, _ = measure(gemma.model, _ids(81), "q4", cfg, None)
     want = ["k4w-c64v4@s4r128" if w is None else "k4-c64v4-g128@r64i8"
