@@ -116,7 +116,7 @@ class HybridCache:
         body = 0
         if self.body is not None:
             held = self.length if self.window is None else min(self.length, self.window)
-            body = held * self.body.spec.bytes_per_token(store.head_dim, store.dtype)
+            body = held * self.spec.base.bytes_per_token(store.head_dim, store.dtype)
         exempt = min(self.length, self.sinks) + min(max(self.length - self.sinks, 0),
                                                     self.recent)
         fp_bytes = self.fp.spec.bytes_per_token(store.head_dim, store.dtype) if self.fp else 0

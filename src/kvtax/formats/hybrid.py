@@ -11,7 +11,8 @@ Grammar (case-insensitive): `<spec>@s<S>r<R>[i8]`, either number may be left out
   k8v4@s16         16 sinks, no recent window
   k4-c64v4@r64i8   the sinks and recent tokens in int8 instead of fp16 (q4's form on a
                    sliding-window layer, there with values in groups of 128, where 64 fp16
-                   tokens would weigh an eighth of a 512-token window). Plain per-token int8, neither centered nor rotated:
+                   tokens would weigh an eighth of a 512-token window). Plain per-token
+                   int8, neither centered nor rotated:
                    where keys carry a large per-channel offset it is the worse part (on
                    Qwen2.5-Coder-0.5B's global layers `@s4r256i8` doubled q4's KL, layer 0
                    at 0.5 relative attention error; docs/QUALITY.md)
@@ -110,14 +111,15 @@ def parse_kv(text: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec":
     return HybridSpec(spec, int(m["s"] or 0), int(m["r"] or 0), exempt)
 
 
-def sliding_form(spec: "str | KVSpec | HybridSpec") -> "KVSpec | HybridSpec | None":
-    """What a sliding-window layer stores under `spec` when a short name says it differs
-    (`SLIDING_FORMS`: q4's sliding layers keep per-token int4 keys), else None. Matched by
-    what the spec is, so "q4" and its expansion "k4w-c64v4@s4r128" both have it."""
+def sliding_form(spec: "str | KVSpec | HybridSpec") -> str | None:
+    """The name of what a sliding-window layer stores under `spec` when a short name says
+    it differs (`SLIDING_FORMS`: q4's `k4-c64v4-g128@r64i8`), else None. Matched by what
+    the spec is, so "q4" and its expansion "k4w-c64v4@s4r128" both have it. A name, so a
+    cache fits its groups to head_dim at the first append (`fit_head_dim`)."""
     name = parse_kv(spec).name
     for short, form in SLIDING_FORMS.items():
         if parse_kv(short).name == name:
-            return parse_kv(form)
+            return form
     return None
 
 

@@ -85,8 +85,7 @@ def _layer_specs(cfg: object, spec: "str | KVSpec | HybridSpec",
     itself, as kvtax.cache.make_caches gives them; group sizes fitted to head_dim."""
     hd = cfg.head_dim  # type: ignore[attr-defined]
     full = fit_kv(spec, hd)
-    form = sliding_form(full)  # by name: a group wider than the row fits head_dim
-    sliding = fit_kv(sliding_spec or (form.name if form is not None else full), hd)
+    sliding = fit_kv(sliding_spec or sliding_form(full) or full, hd)
     return [(w, full if w is None else sliding)
             for w in cfg.layer_windows()]  # type: ignore[attr-defined]
 
