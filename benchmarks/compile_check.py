@@ -332,6 +332,20 @@ def store_cases():
         order = torch.zeros(1, 8, d, dtype=torch.int64)
         yield (f"store block0 order D{d}",
                lambda b=buf, o=order: order_triton.choose_order(b, torch.tensor([3]), o))
+    # a hybrid body's decode write of block-quantized keys (formats/block_store_triton.py)
+    from kvtax.formats import block_store_triton
+
+    block_store_triton._interpreting = lambda: True
+    for spec, d, dtype, pdl_on in itertools.product(
+            ["k4w-c64v4", "k4-c64v4"], [64, 128, 256], [torch.float16, torch.bfloat16],
+            [False, True]):
+        cache = FullCache(spec, capacity=128)
+        cache.fused_store, cache.open_block_read = True, False
+        cache.append(*(torch.randn(1, 8, 63, d, dtype=dtype),) * 2)
+        k = torch.randn(1, 8, 1, d, dtype=dtype)
+        step = (lambda c=cache, k=k: c.write_at(k, k, torch.tensor([63])))
+        yield (f"store blocks {spec} D{d} {dtype}{' pdl' if pdl_on else ''}",
+               (lambda s=step: _with_all_pdl(s)) if pdl_on else step)
 
 
 def gemv_cases():

@@ -5,15 +5,19 @@ is (weight bytes + KV bytes) / memory read bandwidth. This script measures that 
 the same run (a large device copy and a large reduction; the faster one counts, so the
 roofline is the stricter one), builds a model with random weights (default Llama-3.1-8B
 shapes in bf16), and for each context and KV format times real decode steps of the model
-(CUDA-graph replay where available; median and p20/p80 over --tokens steps, CUDA events).
+(CUDA-graph replay where available; median and p20/p80 over --tokens steps, CUDA events;
+the mean and the slowest step too: a block-quantized key (q4) writes its block at one step
+in 64).
 A timed step is the runner's greedy step (`Runner.decode_greedy`: the argmax inside the
 graph, which feeds its own next replay); `--step logits` (or the variant `step.greedy=0`)
 times `decode_step` (logits out of the graph) then `sample` instead.
 
 `--variants` times launch overrides side by side in one process, each a cell of its own:
 a variant is kvtax.models.launch.DecodeLaunch's syntax (GEMV fields per projection,
-forced decode-attention keywords) plus `step.greedy=0|1`. PDL off is a second run with
-the environment variable KVTAX_PDL=0.
+forced decode-attention keywords) plus `step.greedy=0|1` and `store.blocks=0|1` (0: a
+block-quantized key cache (q4's body) writes through torch, not its fused kernel,
+kvtax.formats.block_store_triton). PDL off is a second run with the environment variable
+KVTAX_PDL=0.
 
 The prompt is NOT prefetched through the model: to reach 128k in seconds the cache is
 filled directly with random K/V (N(0, 1), quantized on append exactly as a prefill would
@@ -40,6 +44,7 @@ import torch
 
 from kvtax.cli.validate import parse_contexts
 from kvtax.errors import OptionError
+from kvtax.formats.channel import ChannelBlockFormat
 from kvtax.harness.bench.decode_timing import (
     DTYPES, device_name, fill_random, kernel_read_ceiling, measure_read_bandwidth, quantile,
     run_metadata, time_steps, weight_bytes_per_token)
@@ -101,9 +106,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def variant_list(args: argparse.Namespace) -> list[tuple[str, DecodeLaunch, bool]]:
-    """(text, launch overrides, greedy step) of each variant to time, checked up front;
-    a bad one exits 2 with a one-line error."""
+def variant_list(args: argparse.Namespace) -> list[tuple[str, DecodeLaunch, bool, bool]]:
+    """(text, launch overrides, greedy step, fused block-key writes) of each variant to
+    time, checked up front; a bad one exits 2 with a one-line error."""
     if args.gemv_override and args.variants:
         _bad_input("give --gemv-override or --variants, not both")
     if args.gemv_override:
@@ -114,19 +119,22 @@ def variant_list(args: argparse.Namespace) -> list[tuple[str, DecodeLaunch, bool
     out = []
     for text in texts:
         items = [t.strip() for t in text.split(",") if t.strip()]
-        step = [t for t in items if t.startswith("step.")]
-        greedy = args.step == "greedy"
+        step = [t for t in items if t.startswith(("step.", "store."))]
+        greedy, blocks = args.step == "greedy", True
         for item in step:
-            if item not in ("step.greedy=0", "step.greedy=1"):
-                _bad_input(f"variant item {item!r}: the step item is step.greedy=0 or =1")
-            greedy = item.endswith("1")
+            if item in ("step.greedy=0", "step.greedy=1"):
+                greedy = item.endswith("1")
+            elif item in ("store.blocks=0", "store.blocks=1"):
+                blocks = item.endswith("1")
+            else:
+                _bad_input(f"variant item {item!r}: step.greedy=0|1 or store.blocks=0|1")
         try:
             launch = DecodeLaunch.parse(",".join(t for t in items if t not in step))
         except OptionError as exc:
             _bad_input(str(exc))
         if launch.attention and args.compile != "off":
             _bad_input("attn.* variants launch the attention kernels uncompiled: no --compile")
-        out.append((text, launch, greedy))
+        out.append((text, launch, greedy, blocks))
     return out
 
 
@@ -158,14 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     compiles = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
     cells = [(ctx, kv, c, v) for ctx in contexts for kv in formats for c in compiles
              for v in variants]
-    for ctx, kv, compiled, (variant, launch, greedy) in cells:
+    for ctx, kv, compiled, (variant, launch, greedy, blocks) in cells:
         row = {"config": cfg.name, "context": ctx, "kv": kv, "batch": args.batch,
                "dtype": str(dtype), "device": device_name(dev),
                "weight_bytes": weight_bytes, "read_bw_Bps": bw, "compiled": compiled,
                "gemv": args.gemv, "variant": variant,
                "step": "greedy" if greedy else "logits"}
         try:
-            row.update(run_cell(model, kv, ctx, args, compiled, greedy, launch))
+            row.update(run_cell(model, kv, ctx, args, compiled, greedy, launch, blocks))
             total = weight_bytes + row["kv_bytes"]
             row["roofline_ms"] = 1000 * total / bw
             row["roofline_fraction"] = row["roofline_ms"] / row["ms_median"]
@@ -197,10 +205,10 @@ def write_json(args, dev, dtype, bw, torch_bw, kernel_bw, rows) -> None:  # noqa
 
 def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
              compiled: bool = False, greedy: bool = True,
-             launch: DecodeLaunch | None = None) -> dict:
+             launch: DecodeLaunch | None = None, fused_blocks: bool = True) -> dict:
     """Fill a cache to `ctx` tokens with random K/V, then time real decode steps (greedy:
     Runner.decode_greedy; else decode_step and sample) launched with `launch`'s
-    overrides."""
+    overrides; fused_blocks False: block-quantized key caches write through torch."""
     dev = model.embed.weight.device
     if compiled:
         torch._dynamo.reset()  # a fresh trace per cell: new caches, no recompile limit hit
@@ -208,6 +216,10 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
                     fused_gemv={"auto": None, "torch": False, "triton": True}[args.gemv],
                     compile=compiled, launch=launch)
     caches = runner.make_caches(capacity=ctx + args.warmup + args.tokens + args.profile + 2)
+    if not fused_blocks:
+        for part in (p for c in caches for p in getattr(c, "parts", [c])):
+            if isinstance(part.spec.key, ChannelBlockFormat):
+                part.fused_store = False
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     try:
@@ -227,6 +239,9 @@ def run_cell(model, kv: str, ctx: int, args: argparse.Namespace,  # noqa: ANN001
             "ms_median": statistics.median(times),
             "ms_p20": quantile(times, 0.2),
             "ms_p80": quantile(times, 0.8),
+            # a block-quantized key's block is written at one step in 64: the mean has it
+            "ms_mean": statistics.fmean(times),
+            "ms_max": max(times),
             "steps": len(times),
             "cuda_graph": runner.graph_captured(greedy),
             "graph_off_reason": runner.graph_disabled_reason,
@@ -246,18 +261,19 @@ def _stepper(runner: Runner, caches, greedy: bool):  # noqa: ANN001, ANN202
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = ("| context | KV | variant | ms/token (p20-p80) | roofline ms | of roofline | KV MiB "
-            "| graph |\n|---:|:--|:--|---:|---:|---:|---:|:--|")
+    head = ("| context | KV | variant | ms/token (p20-p80) | mean / max | roofline ms | of "
+            "roofline | KV MiB | graph |\n|---:|:--|:--|---:|---:|---:|---:|---:|:--|")
     lines = [head]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['context']} | {r['kv']} | {r.get('variant') or 'default'} | "
-                         f"{r['error'][:60]} | | | | |")
+                         f"{r['error'][:60]} | | | | | |")
             continue
         lines.append(
             f"| {r['context']} | {r['kv']} | {r.get('variant') or 'default'} | "
             f"{r['ms_median']:.3f} ({r['ms_p20']:.3f}-"
-            f"{r['ms_p80']:.3f}) | {r['roofline_ms']:.3f} | {100 * r['roofline_fraction']:.0f}% | "
+            f"{r['ms_p80']:.3f}) | {r['ms_mean']:.3f} / {r['ms_max']:.3f} | "
+            f"{r['roofline_ms']:.3f} | {100 * r['roofline_fraction']:.0f}% | "
             f"{r['kv_bytes'] / 2**20:.1f} | {'yes' if r['cuda_graph'] else 'no'}"
             f"{' (compiled)' if r.get('compiled') else ''}"
             f"{' (triton gemv)' if r.get('gemv') == 'triton' else ''} |"

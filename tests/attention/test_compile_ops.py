@@ -3,7 +3,7 @@
 transformers' compiled decode traces the cache write and the attention of every
 layer; Inductor must not re-specialize the Triton kernels (it failed to build them with
 Triton 3.6 on the H200), and a graph break per layer would split the decode step into 64
-pieces. The ops `kvtax::quantize_store` and `kvtax::attention` are traced here with
+pieces. The ops `kvtax::quantize_store`, `kvtax::block_store` and `kvtax::attention` are traced here with
 `fullgraph=True` through aot_eager (which functionalizes the storage mutation) and must give
 what the eager calls give. On CPU the kernels run in Triton's interpreter.
 """
@@ -101,3 +101,32 @@ def test_op_bodies_cache_their_launch_setup(monkeypatch):
     ref = ke.attention_blockwise(q.float(), dataclasses.replace(cache.view(), length=61))
     ke.assert_close(outs[0].float(), ref, atol=2e-2, rel_rms=4e-3, what="cached ops")
     del view
+
+
+def test_compiled_hybrid_body_write_has_no_graph_break():
+    """q4's decode write (the fp16 ring's store and the body's `kvtax::block_store`, here
+    at the step that fills block 0: codes, metadata and the channel order) traced with
+    `fullgraph=True` lands in the real storage as the eager write does."""
+    from kvtax.cache.hybrid import HybridCache
+
+    gen = torch.Generator().manual_seed(7)
+    k, v = (torch.randn(1, 2, 64, 64, generator=gen).to(DEVICE, torch.float16) for _ in "kv")
+    caches = [HybridCache("q4", capacity=128), HybridCache("q4", capacity=128)]
+    for c in caches:
+        for part in c.parts:
+            part.fused_store = True
+        c.append(k[:, :, :63], v[:, :, :63])
+    pos = torch.tensor([63], device=DEVICE)
+
+    def step(cache, k, v, pos):
+        cache.write_at(k, v, pos)
+
+    step(caches[0], k[:, :, 63:], v[:, :, 63:], pos)
+    torch._dynamo.reset()
+    torch.compile(step, backend="aot_eager", fullgraph=True, dynamic=False)(
+        caches[1], k[:, :, 63:], v[:, :, 63:], pos)
+    eager, traced = (c.body for c in caches)
+    for a, b in zip((*eager.store.k, *eager.store.v, eager.blocks.buf, eager.blocks.order),
+                    (*traced.store.k, *traced.store.v, traced.blocks.buf, traced.blocks.order)):
+        if a is not None:
+            assert torch.equal(a[:, :, :64], b[:, :, :64])

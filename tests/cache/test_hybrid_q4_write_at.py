@@ -117,14 +117,18 @@ def test_advance_past_the_body_capacity_moves_no_part() -> None:
 @pytest.mark.kernels
 @pytest.mark.parametrize("spec", ["q4", "k4-c64v4+hk+ck@s4r128"])
 def test_fused_decode_reads_the_device_length(spec, monkeypatch) -> None:
-    """The captured step's attention: the fused hybrid decode over a view whose host length
-    is frozen at the first step (the graph's capture), the lengths read from a device
-    tensor, matches the reference over the eager cache as the cache grows."""
+    """The captured step's writes and attention: the fused writes (q4's body stages a key
+    and writes its block only when it fills) and the fused hybrid decode over a view whose
+    host length is frozen at the first step (the graph's capture), the lengths read from a
+    device tensor, match the reference over the eager cache as the cache grows."""
     if not HAS_CUDA:  # the interpreter serves CPU tensors
         monkeypatch.setattr(dispatch_mod, "kernel_unavailable", lambda *a: None)
     monkeypatch.setattr(dispatch_mod, "part_attention", _boom)
     q, k, v = _data(260, dtype=torch.float16, seed=1, device=DEVICE)
     graph, eager = _make(spec, None, capacity=260), _make(spec, None, capacity=260)
+    for part in graph.parts:  # the fused writes too (on CPU, interpreted): q4's body
+        part.fused_store = True  # then writes a key block once, when it fills
+    assert not graph.body.open_block_read
     for c in (graph, eager):
         c.append(k[:, :, :150], v[:, :, :150])
     lens = torch.zeros(1, dtype=torch.int32, device=DEVICE)
@@ -136,6 +140,9 @@ def test_fused_decode_reads_the_device_length(spec, monkeypatch) -> None:
             frozen = graph.view().at_length(t + 1, lens)
         graph.advance(1)
         eager.append(k[:, :, t:t + 1], v[:, :, t:t + 1])
+        filled = (t + 1) // 64 * 64  # the body's whole blocks: the eager bytes
+        for x, y in zip(graph.body.store.k.parts(), eager.body.store.k.parts()):
+            assert torch.equal(x[:, :, :filled], y[:, :, :filled]), f"token {t}"
         if t in (150, 191, 192, 259):
             got = attention(q[:, :, t:t + 1], frozen)
             want = _reference(q[:, :, t:t + 1], eager.view())

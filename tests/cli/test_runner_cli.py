@@ -101,7 +101,7 @@ def test_decode_benchmark_fills_sliding_layers_past_one_chunk(tmp_path) -> None:
 @pytest.mark.parametrize("args, message", [
     (("--contexts", "lots"), "contexts are token counts"),
     (("--variants", "o.bogus=1"), "GEMV override o"),
-    (("--variants", "step.greedy=2"), "step.greedy=0 or =1"),
+    (("--variants", "step.greedy=2"), "step.greedy=0|1 or store.blocks=0|1"),
     (("--variants", "attn.per_sm=6", "--compile", "on"), "uncompiled"),
 ])
 def test_decode_benchmark_refuses_bad_input(args, message) -> None:

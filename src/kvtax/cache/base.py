@@ -35,12 +35,18 @@ class BaseCache(ABC):
     launch on CUDA (`kvtax.formats.store_triton`), in torch elsewhere; False always uses
     torch; True also tries the kernel on CPU (tests, under Triton's interpreter).
 
-    Keys in a block format (`int4-c64`) take the torch path always: `blocks`
+    Keys in a block format (`int4-c64`) take the torch path: `blocks`
     (kvtax.cache.blocks) stages them in the model dtype and re-quantizes each block an
-    append or `write_at` touches; `nbytes` counts that staging too.
+    append or `write_at` touches; `nbytes` counts that staging too. Where `open_block_read`
+    is False (a hybrid body), `write_at` on CUDA takes one fused launch instead and writes
+    a block at the step that fills it.
     """
 
     fused_store: bool | None = None
+    # Whether attention may read the open (partial) key block of a block-quantized key
+    # format. A hybrid body with >= 63 recent fp16 tokens never does (kvtax.cache.hybrid),
+    # so its decode step writes a block once, when it fills (kvtax.formats.block_store_triton).
+    open_block_read: bool = True
 
     def __init__(
         self,
@@ -160,10 +166,37 @@ class BaseCache(ABC):
         device from the staged ring (`KeyBlocks.write_at`) over the block's 64 slots, the
         value per token at its slot, as `_write_blocked` stores them."""
         assert self.store is not None and self.blocks is not None
+        if not self.open_block_read and self._block_store_fused(k, v, pos_t):
+            return
         pos, qk = self.blocks.write_at(rotate(k) if self.spec.rotate_keys else k, pos_t)
         qv = self.spec.value.quantize(rotate(v) if self.spec.rotate_values else v)
         self.store.write_index(self._slot_of(pos), qk, None)
         self.store.write_index(self._slot_of(pos_t), None, qv)
+
+    def _block_store_fused(self, k: torch.Tensor, v: torch.Tensor, pos_t: torch.Tensor) -> bool:
+        """`_write_at_blocked`'s writes in one launch that writes the key's block only at the
+        step that fills it (kvtax.formats.block_store_triton; for a cache whose open block
+        nobody reads); False when the kernel does not apply (use torch)."""
+        if self.fused_store is False or (self.fused_store is None and not k.is_cuda):
+            return False
+        try:
+            from kvtax.formats import block_store_triton
+        except ImportError:  # no (working) Triton: the torch path serves
+            return False
+        assert self.store is not None and self.blocks is not None
+        blocks, s, (sinks, ring) = self.blocks, self.store, self._ring_layout()
+        if blocks.buf is None or not block_store_triton.serves(self.spec):
+            return False  # int3-c64 keys, rotations: the torch path, as documented
+        reason = block_store_triton.unsupported_reason(
+            k, v, blocks.buf, blocks.order, s.k, s.v, self.spec, sinks=sinks, ring=ring)
+        if reason is not None:
+            if k.is_cuda and reason not in _warned:
+                _warned.add(reason)
+                warnings.warn(f"kvtax: block key writes use torch, not the fused kernel: {reason}")
+            return False
+        block_store_triton.block_store(k, v, pos_t, blocks.buf, blocks.order, s.k, s.v,
+                                       self.spec, sinks=sinks, ring=ring)
+        return True
 
     def _write_blocked(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store tokens at positions `[length, length + T)` for block-quantized keys: the

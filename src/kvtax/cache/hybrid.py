@@ -13,7 +13,9 @@ costs `sinks + recent` quantized rows of duplication and removes any migration s
 
 A body with int4-c64 or int4w-c64 keys (q4: `k4w-c64v4@s4r128`) is written a 64-token
 block at a time (kvtax.cache.blocks); with recent >= 63 a query reads from the body only
-blocks whose 64 tokens it has all seen, so chunking changes nothing there either.
+blocks whose 64 tokens it has all seen, so chunking changes nothing there either, and a
+decode step on CUDA writes a block once, at the step that fills it (one fused launch,
+kvtax.formats.block_store_triton).
 
 `write_at` / `advance` (a write at a device-held position, then the host count) go to
 every part, so a CUDA graph captures a hybrid layer's decode step as a plain one's.
@@ -87,6 +89,10 @@ class HybridCache:
         elif self.recent < window:  # else every visible key is recent: no body needed
             self.body = SlidingCache(hs.base.name, window=window, max_chunk=max_chunk,
                                      check_finite=check_finite, center_keys=False)
+        if self.body is not None:
+            # a query reads from the body only keys >= recent behind it, never the open
+            # 64-token key block: a decode step may write a block once it fills
+            self.body.open_block_read = self.recent < 63
 
     @property
     def parts(self) -> list[BaseCache]:

@@ -16,6 +16,7 @@ import torch
 import triton
 
 from kvtax.formats.kernels.widest_order import block0_order_kernel
+from kvtax.formats.mutating_op import mutating_op
 
 
 def _interpreting() -> bool:
@@ -57,17 +58,7 @@ def _launch(buf: torch.Tensor, pos_t: torch.Tensor, order: torch.Tensor) -> None
     )
 
 
-# torch.compile sees the choice as one opaque op that writes `order` (as kvtax::quantize_store,
-# kvtax.formats.store_triton, and for its reasons).
-_LIB = torch.library.Library("kvtax", "FRAGMENT")
-_LIB.define("block0_order(Tensor buf, Tensor pos_t, Tensor(a2!) order) -> ()")
-
-
-def _op_fake(buf, pos_t, order):
-    return None
-
-
-for _key in ("CPU", "CUDA"):  # CPU: Triton's interpreter (tests)
-    _LIB.impl("block0_order", _launch, _key)
-torch.library.register_fake("kvtax::block0_order", _op_fake, lib=_LIB)
-_order_op = torch.ops.kvtax.block0_order.default
+# torch.compile sees the choice as one opaque op that writes `order`
+# (kvtax.formats.mutating_op says why).
+_order_op = mutating_op("block0_order(Tensor buf, Tensor pos_t, Tensor(a2!) order) -> ()",
+                        _launch)

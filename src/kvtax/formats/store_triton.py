@@ -30,6 +30,7 @@ from kvtax.formats.base import MODEL_DTYPES, KVFormat, QTensor
 from kvtax.formats.floats import FloatFormat
 from kvtax.formats.fp8 import E4M3_MAX, FP8Format, FP8TensorFormat
 from kvtax.formats.kernels.quantize import quantize_store_kernel
+from kvtax.formats.mutating_op import mutating_op
 from kvtax.formats.rotation import rotate
 from kvtax.formats.spec import KVSpec
 
@@ -157,15 +158,9 @@ def quantize_store(
                     recip=recip)
 
 
-# torch.compile sees the store as one opaque op that writes the cache storage: Inductor
-# re-specializes user Triton kernels it traces and failed to build this one on the H200
-# (Triton 3.6, transformers' compiled generate). It is defined with torch.library's plain
-# API, not `torch.library.custom_op`: the latter's ADInplaceOrView kernel for a mutating
-# op re-fills the schema's defaults on every call (~150 us of host time per call, measured
-# on CPU; a compiled decode step without CUDA graphs calls it once per layer). Inference
-# only: no autograd formula, and in-place writes do not bump version counters.
-_LIB = torch.library.Library("kvtax", "FRAGMENT")
-_LIB.define(
+# torch.compile sees the store as one opaque op that writes the cache storage
+# (kvtax.formats.mutating_op says why).
+_SCHEMA = (
     "quantize_store(Tensor k, Tensor v, Tensor(a2!) kc, Tensor(a3!)? ks, Tensor(a4!)? kb, "
     "Tensor(a5!) vc, Tensor(a6!)? vs, Tensor(a7!)? vb, str spec, Tensor? pos_t, SymInt pos0, "
     "SymInt sinks, SymInt ring, bool check) -> ()"
@@ -185,14 +180,7 @@ def _store_body(
                     pos_t if pos_t is not None else pos0, sinks=sinks, ring=ring, check=check)
 
 
-def _store_fake(k, v, kc, ks, kb, vc, vs, vb, spec, pos_t, pos0, sinks, ring, check):
-    return None
-
-
-for _key in ("CPU", "CUDA"):  # CPU: Triton's interpreter (tests)
-    _LIB.impl("quantize_store", _store_body, _key)
-torch.library.register_fake("kvtax::quantize_store", _store_fake, lib=_LIB)
-_store_op = torch.ops.kvtax.quantize_store.default
+_store_op = mutating_op(_SCHEMA, _store_body)
 
 
 @lru_cache(maxsize=None)

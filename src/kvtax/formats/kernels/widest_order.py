@@ -42,11 +42,22 @@ def block0_order_kernel(p_pos, rows, n_heads, p_buf, s_buf_b, s_buf_h, s_buf_t,
     bh = tl.program_id(0)
     b = (bh // n_heads).to(tl.int64)
     h = (bh % n_heads).to(tl.int64)
-    R: tl.constexpr = 3 * HEAD_DIM // 8
     p_x = p_buf + b * s_buf_b + h * s_buf_h
     o_u = tl.arange(0, 64)
-    m_rows = o_u <= pos
     src = (o_u % rows) * s_buf_t
+    o_d = tl.arange(0, D_P)
+    spot = stored_spots(p_x, src, o_u <= pos, HEAD_DIM, D_P, CH)
+    tl.store(p_ord + b * s_ord_b + h * s_ord_h + spot, o_d.to(tl.int64), mask=o_d < HEAD_DIM)
+
+
+@triton.jit
+def stored_spots(p_x, src, m_rows, HEAD_DIM: tl.constexpr, D_P: tl.constexpr,
+                 CH: tl.constexpr):
+    """Each channel's stored index `[D_P]` int32 in the order `channel_order` chooses from
+    the staged rows at ring offsets src `[64]` (valid where m_rows): the R = 3D/8 widest
+    channels first, in channel order, then the others; padding channels map to
+    themselves. Also kvtax.formats.kernels.block_store's choice at block 0's end."""
+    R: tl.constexpr = 3 * HEAD_DIM // 8
     o_d = tl.arange(0, D_P)
     m_d = o_d < HEAD_DIM
     rng = _ranges(p_x, src, m_rows, o_d, m_d)                      # [D_P], channel i
@@ -60,4 +71,4 @@ def block0_order_kernel(p_pos, rows, n_heads, p_buf, s_buf_b, s_buf_h, s_buf_t,
     chosen = ((rank < R) & m_d).to(tl.int32)
     before = tl.cumsum(chosen, 0) - chosen                         # chosen channels below i
     spot = tl.where(chosen == 1, before, R + o_d - before)         # channel i's stored index
-    tl.store(p_ord + b * s_ord_b + h * s_ord_h + spot, o_d.to(tl.int64), mask=m_d)
+    return tl.where(m_d, spot, o_d)
