@@ -111,9 +111,9 @@ def test_attention_kernels_read_three_bit_the_store_kernel_does_not():
     kernel tests are tests/attention/test_kernels_int3_interp.py); the store kernel packs
     8- and 4-bit codes only, so 3-bit writes take the torch path."""
     from kvtax.attention.support import format_code
-    from kvtax.formats.store_triton import _format_code
+    from kvtax.formats.store_triton import format_code as store_code
 
     assert format_code(parse_format("int3-c64")) == (5, 64)
     for name, group in (("int3", 64), ("int3-g32", 32)):
         assert format_code(parse_format(name)) == (6, group)
-        assert _format_code(parse_format(name)) is None  # block formats never reach it
+        assert store_code(parse_format(name)) is None  # block formats never reach it

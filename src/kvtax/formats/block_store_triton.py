@@ -26,8 +26,8 @@ from kvtax.formats.channel import ChannelBlockFormat
 from kvtax.formats.kernels.block_store import block_store_kernel
 from kvtax.formats.mutating_op import mutating_op
 from kvtax.formats.spec import KVSpec
-from kvtax.formats.store_triton import (_TL_DTYPES, _f32_reciprocal, _format_code, _out_dtype,
-                                        _spec)
+from kvtax.formats.store_triton import (TL_DTYPES, f32_reciprocal, format_code, out_dtype,
+                                        spec_named)
 from kvtax.formats.widest import WidestBitFormat
 
 
@@ -40,7 +40,7 @@ def serves(spec: KVSpec) -> bool:
     keys take the torch path), no rotation, values the store kernel writes."""
     key = spec.key
     return (isinstance(key, ChannelBlockFormat) and key.n_bits == 4 and not spec.rotate_keys
-            and not spec.rotate_values and _format_code(spec.value) is not None)
+            and not spec.rotate_values and format_code(spec.value) is not None)
 
 
 def unsupported_reason(
@@ -110,7 +110,7 @@ def block_store(
 
 def _launch(k, v, pos_t, buf, order, k_dst, v_dst, spec, sinks, ring) -> None:
     b, h, _, d = k.shape
-    vf = _format_code(spec.value)
+    vf = format_code(spec.value)
     assert vf is not None
     kc, ks, kb = k_dst
     vc, vs, vb = v_dst
@@ -124,11 +124,11 @@ def _launch(k, v, pos_t, buf, order, k_dst, v_dst, spec, sinks, ring) -> None:
         pos_t, sinks, ring, buf.shape[2], h,
         k, k.stride(0), k.stride(1), buf, *buf.stride()[:3],
         order if kw else buf, *(order.stride()[:2] if kw else (0, 0)),
-        kc, ks, kb, *kc.stride()[:3], *ks.stride()[:2], _f32_reciprocal(15.0),
+        kc, ks, kb, *kc.stride()[:3], *ks.stride()[:2], f32_reciprocal(15.0),
         v, v.stride(0), v.stride(1), vc, vs, vb, *vc.stride()[:3], *v_m,
-        _f32_reciprocal(vf[2]),
-        HEAD_DIM=d, DT=_TL_DTYPES[k.dtype], KW=kw, IS_RING=ring > 0, RECIP=recip,
-        V_FMT=vf[0], V_GS=max(vf[1], 1), V_OUT=_out_dtype(spec.value, k.dtype),
+        f32_reciprocal(vf[2]),
+        HEAD_DIM=d, DT=TL_DTYPES[k.dtype], KW=kw, IS_RING=ring > 0, RECIP=recip,
+        V_FMT=vf[0], V_GS=max(vf[1], 1), V_OUT=out_dtype(spec.value, k.dtype),
         V_NG_P=triton.next_power_of_2(d // vf[1]) if vf[1] else 1,
         D_P=triton.next_power_of_2(d), HALF_P=triton.next_power_of_2(d // 2),
         CH=min(32, triton.next_power_of_2(d)),
@@ -141,7 +141,7 @@ def _launch(k, v, pos_t, buf, order, k_dst, v_dst, spec, sinks, ring) -> None:
 # storage (kvtax.formats.mutating_op says why).
 def _op_body(k, v, pos_t, buf, order, kc, ks, kb, vc, vs, vb, spec, sinks, ring) -> None:
     _launch(k, v, pos_t, buf, order, QTensor(kc, ks, kb), QTensor(vc, vs, vb),
-            _spec(spec), sinks, ring)
+            spec_named(spec), sinks, ring)
 
 
 _block_store_op = mutating_op(

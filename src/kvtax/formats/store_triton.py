@@ -38,11 +38,11 @@ MAX_HEAD_DIM = 1024  # one row is one tile
 # Launch override for benchmarks/quantize.py's variants: (rows per program, warps) or None
 # for the heuristic in `_plan`. Plans are cached per layout: clear `_OP_PLANS` after a change.
 LAUNCH_OVERRIDE: tuple[int, int] | None = None
-_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
 @lru_cache(maxsize=None)
-def _f32_reciprocal(divisor: float) -> float:
+def f32_reciprocal(divisor: float) -> float:
     """float32(1 / divisor), computed in float32 as ATen's CUDA division by a scalar does."""
     one, div = (torch.tensor(x, dtype=torch.float32) for x in (1.0, divisor))
     return float(one / div)
@@ -53,7 +53,7 @@ def _interpreting() -> bool:
     return type(quantize_store_kernel).__name__ == "InterpretedFunction"
 
 
-def _format_code(fmt: KVFormat) -> tuple[int, int, float] | None:
+def format_code(fmt: KVFormat) -> tuple[int, int, float] | None:
     """(kernel format code, group size, divisor of the scale) or None: no kernel for it."""
     if isinstance(fmt, FloatFormat):
         return 0, 0, 1.0
@@ -92,7 +92,7 @@ def unsupported_reason(
     if not 2 <= d <= MAX_HEAD_DIM:
         return f"head_dim {d} (the kernel takes 2..{MAX_HEAD_DIM})"
     for part, fmt, dst in (("key", spec.key, k_dst), ("value", spec.value, v_dst)):
-        if _format_code(fmt) is None:
+        if format_code(fmt) is None:
             return f"{part} format {fmt.name} has no kernel"
         try:
             fmt.check(d)
@@ -176,7 +176,7 @@ def _store_body(
     if pos_t is not None and not check:
         _op_store(k, v, QTensor(kc, ks, kb), QTensor(vc, vs, vb), spec, pos_t, sinks, ring)
         return
-    _quantize_store(k, v, QTensor(kc, ks, kb), QTensor(vc, vs, vb), _spec(spec),
+    _quantize_store(k, v, QTensor(kc, ks, kb), QTensor(vc, vs, vb), spec_named(spec),
                     pos_t if pos_t is not None else pos0, sinks=sinks, ring=ring, check=check)
 
 
@@ -184,7 +184,7 @@ _store_op = mutating_op(_SCHEMA, _store_body)
 
 
 @lru_cache(maxsize=None)
-def _spec(name: str) -> KVSpec:
+def spec_named(name: str) -> KVSpec:
     return KVSpec.parse(name)
 
 
@@ -232,7 +232,7 @@ def _plan(
     from_ptr: bool, sinks: int, ring: int, recip: bool,
 ) -> _Plan:
     b, h, t, d = k.shape
-    kf, vf = _format_code(spec.key), _format_code(spec.value)
+    kf, vf = format_code(spec.key), format_code(spec.value)
     assert kf is not None and vf is not None
     d_p = triton.next_power_of_2(d)
     rows = b * h * t
@@ -250,12 +250,12 @@ def _plan(
     for x, dst, (_, gs, div) in ((k, k_dst, kf), (v, v_dst, vf)):
         m_strides = dst.scales.stride()[:3] if dst.scales is not None else (0, 0, 0)
         sides.append((tuple(x.stride()[:3]), (*dst.codes.stride()[:3], *m_strides),
-                      _f32_reciprocal(div)))
+                      f32_reciprocal(div)))
     consts = dict(
-        HEAD_DIM=d, DT=_TL_DTYPES[k.dtype],
-        K_FMT=kf[0], K_GS=max(kf[1], 1), K_OUT=_out_dtype(spec.key, k.dtype),
+        HEAD_DIM=d, DT=TL_DTYPES[k.dtype],
+        K_FMT=kf[0], K_GS=max(kf[1], 1), K_OUT=out_dtype(spec.key, k.dtype),
         K_NG_P=triton.next_power_of_2(d // kf[1]) if kf[1] else 1,
-        V_FMT=vf[0], V_GS=max(vf[1], 1), V_OUT=_out_dtype(spec.value, k.dtype),
+        V_FMT=vf[0], V_GS=max(vf[1], 1), V_OUT=out_dtype(spec.value, k.dtype),
         V_NG_P=triton.next_power_of_2(d // vf[1]) if vf[1] else 1,
         POS_FROM_PTR=from_ptr, IS_RING=ring > 0, RECIP=recip,
         BLOCK_R=block_r, D_P=d_p, HALF_P=triton.next_power_of_2(max(d // 2, 1)),
@@ -301,7 +301,7 @@ def _op_store(
            *(_layout(t) for t in (*k_dst, *v_dst)))
     plan = _OP_PLANS.get(key)
     if plan is None:
-        spec = _spec(spec_name)
+        spec = spec_named(spec_name)
         rows = k.shape[0] * k.shape[1] * k.shape[2]
         if spec.rotate_keys or spec.rotate_values or not rows or k.stride(-1) != 1 \
                 or v.stride(-1) != 1:  # rotation/copies are per call: the full checked path
@@ -316,7 +316,7 @@ def _op_store(
     _launch(plan, k, v, k_dst, v_dst, pos_t)
 
 
-def _out_dtype(fmt: KVFormat, model_dtype: torch.dtype) -> tl.dtype:
+def out_dtype(fmt: KVFormat, model_dtype: torch.dtype) -> tl.dtype:
     """Element type the kernel stores codes as (fp8 codes go out as their uint8 bits)."""
     dt = fmt.code_dtype(model_dtype)
-    return _TL_DTYPES.get(dt, tl.uint8)
+    return TL_DTYPES.get(dt, tl.uint8)

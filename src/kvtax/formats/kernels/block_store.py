@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kvtax.formats.kernels.quantize import _round_to, _store_part
+from kvtax.formats.kernels.quantize import round_to, store_part
 from kvtax.formats.kernels.widest_order import stored_spots
 
 
@@ -55,9 +55,9 @@ def _block_codes(p_x, src, ch, m_ch, lev, inv, DT: tl.constexpr, KW: tl.constexp
         s = (hi - lo) * inv
     else:
         s = tl.math.div_rn(hi - lo, lev)
-    _, s = _round_to(s, DT)
-    s_v, s = _round_to(tl.where(s == 0.0, 1.0, s), DT)
-    b_v, b = _round_to(lo, DT)
+    _, s = round_to(s, DT)
+    s_v, s = round_to(tl.where(s == 0.0, 1.0, s), DT)
+    b_v, b = round_to(lo, DT)
     y = tl.math.div_rn(x - b[None, :], s[None, :])
     y = tl.minimum(tl.maximum(y, 0.0), lev[None, :])  # clamping first rounds the same
     y = (y + 8388608.0) - 8388608.0  # 0 <= y < 2^23: adding 2^23 rounds half to even
@@ -99,7 +99,7 @@ def block_store_kernel(
         else:
             slot = pos
         o_r = tl.arange(0, 1)
-        _store_part(p_v + b * s_v_b + h * s_v_h + o_r,
+        store_part(p_v + b * s_v_b + h * s_v_h + o_r,
                     p_vc + b * s_vc_b + h * s_vc_h + slot * s_vc_t + o_r,
                     p_vs + b * s_vm_b + h * s_vm_h + slot * s_vm_t + o_r,
                     p_vb + b * s_vm_b + h * s_vm_h + slot * s_vm_t + o_r,

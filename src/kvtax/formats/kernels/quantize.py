@@ -32,7 +32,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def _round_to(x, DT: tl.constexpr):
+def round_to(x, DT: tl.constexpr):
     """float32 `x` rounded to nearest-even in DT: (value as DT, same value as float32)."""
     if DT == tl.bfloat16:
         u = x.to(tl.uint32, bitcast=True)
@@ -112,10 +112,10 @@ def _store_affine(p_x, p_c, p_s, p_b, m_r, inv, HEAD_DIM: tl.constexpr, GS: tl.c
         s = (hi - lo) * inv
     else:
         s = tl.math.div_rn(hi - lo, LEVELS * 1.0)
-    _, s = _round_to(s, DT)
+    _, s = round_to(s, DT)
     # a zero scale (constant group, or one that underflowed in DT) becomes 1, in DT
-    s_v, s = _round_to(tl.where(s == 0.0, 1.0, s), DT)
-    b_v, b = _round_to(lo, DT)
+    s_v, s = round_to(tl.where(s == 0.0, 1.0, s), DT)
+    b_v, b = round_to(lo, DT)
     o_m = o_g[None, :]
     tl.store(p_s[:, None] + o_m, s_v, mask=m_g)
     tl.store(p_b[:, None] + o_m, b_v, mask=m_g)
@@ -149,8 +149,8 @@ def _store_fp8(p_x, p_c, p_s, m_r, inv, HEAD_DIM: tl.constexpr, D_P: tl.constexp
         s = amax * inv
     else:
         s = tl.math.div_rn(amax, 448.0)
-    _, s = _round_to(s, DT)
-    s_v, s = _round_to(tl.where(s == 0.0, 1.0, s), DT)
+    _, s = round_to(s, DT)
+    s_v, s = round_to(tl.where(s == 0.0, 1.0, s), DT)
     tl.store(p_s, s_v, mask=m_r)
     v = tl.math.div_rn(x, s[:, None])
     v = tl.minimum(tl.maximum(v, -448.0), 448.0)
@@ -177,12 +177,12 @@ def _store_float(p_x, p_c, m_r, HEAD_DIM: tl.constexpr, D_P: tl.constexpr, DT: t
     if OUT == DT:
         y = x
     else:
-        y, _ = _round_to(x.to(tl.float32), OUT)
+        y, _ = round_to(x.to(tl.float32), OUT)
     tl.store(p_c[:, None] + o_d[None, :], y, mask=m)
 
 
 @triton.jit
-def _store_part(p_x, p_c, p_s, p_b, m_r, inv, FMT: tl.constexpr, GS: tl.constexpr,
+def store_part(p_x, p_c, p_s, p_b, m_r, inv, FMT: tl.constexpr, GS: tl.constexpr,
                 OUT: tl.constexpr, NG_P: tl.constexpr, HEAD_DIM: tl.constexpr,
                 D_P: tl.constexpr, HALF_P: tl.constexpr, BLOCK_R: tl.constexpr,
                 DT: tl.constexpr, RECIP: tl.constexpr):
@@ -239,14 +239,14 @@ def quantize_store_kernel(
     else:
         slot = pos
     if tl.program_id(1) == 0:
-        _store_part(p_kx + b * s_kx_b + h * s_kx_h + t * s_kx_t,
+        store_part(p_kx + b * s_kx_b + h * s_kx_h + t * s_kx_t,
                     p_kc + b * s_kc_b + h * s_kc_h + slot * s_kc_t,
                     p_ks + b * s_km_b + h * s_km_h + slot * s_km_t,
                     p_kb + b * s_km_b + h * s_km_h + slot * s_km_t,
                     m_r, k_inv, K_FMT, K_GS, K_OUT, K_NG_P, HEAD_DIM, D_P, HALF_P, BLOCK_R,
                     DT, RECIP)
     else:
-        _store_part(p_vx + b * s_vx_b + h * s_vx_h + t * s_vx_t,
+        store_part(p_vx + b * s_vx_b + h * s_vx_h + t * s_vx_t,
                     p_vc + b * s_vc_b + h * s_vc_h + slot * s_vc_t,
                     p_vs + b * s_vm_b + h * s_vm_h + slot * s_vm_t,
                     p_vb + b * s_vm_b + h * s_vm_h + slot * s_vm_t,
