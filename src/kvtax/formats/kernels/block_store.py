@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kvtax.formats.kernels.quantize import round_to, store_part
+from kvtax.formats.kernels.quantize import ring_slot, round_to, store_part
 from kvtax.formats.kernels.widest_order import stored_spots
 
 
@@ -94,10 +94,7 @@ def block_store_kernel(
     h = (bh % n_heads).to(tl.int64)
     pos = tl.load(p_pos).to(tl.int64)
     if tl.program_id(1) == 1:
-        if IS_RING:
-            slot = tl.where(pos < sinks, pos, sinks + (pos - sinks) % ring)
-        else:
-            slot = pos
+        slot = ring_slot(pos, sinks, ring, IS_RING)
         o_r = tl.arange(0, 1)
         store_part(p_v + b * s_v_b + h * s_v_h + o_r,
                     p_vc + b * s_vc_b + h * s_vc_h + slot * s_vc_t + o_r,
@@ -146,10 +143,7 @@ def block_store_kernel(
     c_lo, s_lo, b_lo = _block_codes(p_x, src, ch_lo, m_h, lev_lo, k_inv, DT, KW, RECIP)
     c_hi, s_hi, b_hi = _block_codes(p_x, src, ch_hi, m_h, lev_hi, k_inv, DT, KW, RECIP)
 
-    if IS_RING:
-        slot0 = tl.where(first < sinks, first, sinks + (first - sinks) % ring)
-    else:
-        slot0 = first
+    slot0 = ring_slot(first, sinks, ring, IS_RING)
     p_c = p_kc + b * s_kc_b + h * s_kc_h + slot0 * s_kc_t  # the block's first code row
     p_m = b * s_km_b + h * s_km_h + slot0 * (HEAD_DIM // 64)  # its D metadata, contiguous
     tl.store(p_ks + p_m + o_h, s_lo, mask=m_h)

@@ -182,6 +182,15 @@ def _store_float(p_x, p_c, m_r, HEAD_DIM: tl.constexpr, D_P: tl.constexpr, DT: t
 
 
 @triton.jit
+def ring_slot(pos, sinks, ring, IS_RING: tl.constexpr):
+    """The storage slot of position pos: pos itself below `sinks` or in a full cache
+    (IS_RING False), else sinks + (pos - sinks) % ring."""
+    if IS_RING:
+        return tl.where(pos < sinks, pos, sinks + (pos - sinks) % ring)
+    return pos
+
+
+@triton.jit
 def store_part(p_x, p_c, p_s, p_b, m_r, inv, FMT: tl.constexpr, GS: tl.constexpr,
                 OUT: tl.constexpr, NG_P: tl.constexpr, HEAD_DIM: tl.constexpr,
                 D_P: tl.constexpr, HALF_P: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -234,10 +243,7 @@ def quantize_store_kernel(
         pos = tl.load(p_pos).to(tl.int64) + t
     else:
         pos = pos0 + t
-    if IS_RING:
-        slot = tl.where(pos < sinks, pos, sinks + (pos - sinks) % ring)
-    else:
-        slot = pos
+    slot = ring_slot(pos, sinks, ring, IS_RING)
     if tl.program_id(1) == 0:
         store_part(p_kx + b * s_kx_b + h * s_kx_h + t * s_kx_t,
                     p_kc + b * s_kc_b + h * s_kc_h + slot * s_kc_t,
