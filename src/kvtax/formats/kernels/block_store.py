@@ -97,11 +97,11 @@ def block_store_kernel(
         slot = ring_slot(pos, sinks, ring, IS_RING)
         o_r = tl.arange(0, 1)
         store_part(p_v + b * s_v_b + h * s_v_h + o_r,
-                    p_vc + b * s_vc_b + h * s_vc_h + slot * s_vc_t + o_r,
-                    p_vs + b * s_vm_b + h * s_vm_h + slot * s_vm_t + o_r,
-                    p_vb + b * s_vm_b + h * s_vm_h + slot * s_vm_t + o_r,
-                    o_r < 1, v_inv, V_FMT, V_GS, V_OUT, V_NG_P, HEAD_DIM, D_P, HALF_P, 1,
-                    DT, RECIP)
+                   p_vc + b * s_vc_b + h * s_vc_h + slot * s_vc_t + o_r,
+                   p_vs + b * s_vm_b + h * s_vm_h + slot * s_vm_t + o_r,
+                   p_vb + b * s_vm_b + h * s_vm_h + slot * s_vm_t + o_r,
+                   o_r < 1, v_inv, V_FMT, V_GS, V_OUT, V_NG_P, HEAD_DIM, D_P, HALF_P, 1,
+                   DT, RECIP)
         return
     DH: tl.constexpr = HEAD_DIM // 2
     E: tl.constexpr = 3 * HEAD_DIM // 64  # int4w-c64: fifth-bit bytes, R / 8

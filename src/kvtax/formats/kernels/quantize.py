@@ -192,9 +192,9 @@ def ring_slot(pos, sinks, ring, IS_RING: tl.constexpr):
 
 @triton.jit
 def store_part(p_x, p_c, p_s, p_b, m_r, inv, FMT: tl.constexpr, GS: tl.constexpr,
-                OUT: tl.constexpr, NG_P: tl.constexpr, HEAD_DIM: tl.constexpr,
-                D_P: tl.constexpr, HALF_P: tl.constexpr, BLOCK_R: tl.constexpr,
-                DT: tl.constexpr, RECIP: tl.constexpr):
+               OUT: tl.constexpr, NG_P: tl.constexpr, HEAD_DIM: tl.constexpr,
+               D_P: tl.constexpr, HALF_P: tl.constexpr, BLOCK_R: tl.constexpr,
+               DT: tl.constexpr, RECIP: tl.constexpr):
     """Quantize and store `[BLOCK_R]` rows of K or V in format FMT."""
     if FMT == 0:
         _store_float(p_x, p_c, m_r, HEAD_DIM, D_P, DT, OUT)
@@ -246,15 +246,15 @@ def quantize_store_kernel(
     slot = ring_slot(pos, sinks, ring, IS_RING)
     if tl.program_id(1) == 0:
         store_part(p_kx + b * s_kx_b + h * s_kx_h + t * s_kx_t,
-                    p_kc + b * s_kc_b + h * s_kc_h + slot * s_kc_t,
-                    p_ks + b * s_km_b + h * s_km_h + slot * s_km_t,
-                    p_kb + b * s_km_b + h * s_km_h + slot * s_km_t,
-                    m_r, k_inv, K_FMT, K_GS, K_OUT, K_NG_P, HEAD_DIM, D_P, HALF_P, BLOCK_R,
-                    DT, RECIP)
+                   p_kc + b * s_kc_b + h * s_kc_h + slot * s_kc_t,
+                   p_ks + b * s_km_b + h * s_km_h + slot * s_km_t,
+                   p_kb + b * s_km_b + h * s_km_h + slot * s_km_t,
+                   m_r, k_inv, K_FMT, K_GS, K_OUT, K_NG_P, HEAD_DIM, D_P, HALF_P, BLOCK_R,
+                   DT, RECIP)
     else:
         store_part(p_vx + b * s_vx_b + h * s_vx_h + t * s_vx_t,
-                    p_vc + b * s_vc_b + h * s_vc_h + slot * s_vc_t,
-                    p_vs + b * s_vm_b + h * s_vm_h + slot * s_vm_t,
-                    p_vb + b * s_vm_b + h * s_vm_h + slot * s_vm_t,
-                    m_r, v_inv, V_FMT, V_GS, V_OUT, V_NG_P, HEAD_DIM, D_P, HALF_P, BLOCK_R,
-                    DT, RECIP)
+                   p_vc + b * s_vc_b + h * s_vc_h + slot * s_vc_t,
+                   p_vs + b * s_vm_b + h * s_vm_h + slot * s_vm_t,
+                   p_vb + b * s_vm_b + h * s_vm_h + slot * s_vm_t,
+                   m_r, v_inv, V_FMT, V_GS, V_OUT, V_NG_P, HEAD_DIM, D_P, HALF_P, BLOCK_R,
+                   DT, RECIP)
