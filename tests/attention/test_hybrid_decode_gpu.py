@@ -111,9 +111,9 @@ def test_q4_body_runs_beside_the_ring_and_sees_what_came_before():
         parts_plan.beside = real
     assert [(a.cfg.kernel, a.cfg.pdl_beside) for a in seen[0]] == [
         ("warp", False), ("swap", True)]
-    ring, body = seen[0]  # make_room: one ring split per head, every program resident
+    ring, body = seen[0]  # make_room: two ring splits per head, every program resident
     programs = q.shape[0] * view.parts[0].view.num_kv_heads
-    assert ring.cfg.num_splits == 1
+    assert ring.cfg.num_splits == parts_plan.ROOM_SPLITS
     assert (ring.cfg.num_splits + body.cfg.num_splits) * programs <= 8 * sm_count(q.device)
     gen = torch.Generator(device="cuda").manual_seed(7)
     queries = [torch.randn(q.shape, generator=gen, device="cuda").half() * 4 for _ in range(8)]

@@ -227,8 +227,14 @@ def _room_parts(ring_splits, body_splits, per_sm=8, beside=True):
 
 def test_the_body_makes_room_for_the_fp16_part_where_both_fill_every_sm():
     """16 body splits x 2 heads fill 4 SMs at 8 programs each: the ring's 3 splits per
-    head go to 1, and the body gives up one split (2 programs) for them."""
+    head go to 2 (ROOM_SPLITS), and the body gives up two splits (4 programs) for them."""
     ring, body = parts_plan.make_room(_room_parts(3, 16))
+    assert (ring.cfg.num_splits, body.cfg.num_splits) == (2, 14)
+
+
+def test_a_part_with_fewer_splits_keeps_them_when_the_body_makes_room():
+    """One ring split per head stays one; the body gives up one split (2 programs)."""
+    ring, body = parts_plan.make_room(_room_parts(1, 16))
     assert (ring.cfg.num_splits, body.cfg.num_splits) == (1, 15)
 
 

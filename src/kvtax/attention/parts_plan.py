@@ -21,8 +21,8 @@ from kvtax.attention.support import interpreting
 def make_room(checked: list[Any]) -> list[Any]:
     """Under `beside`, where the body (the last part) is a one-warp kernel sized to fill
     every SM at 8 programs (`LaunchConfig.per_sm`) and the parts before it would not fit
-    beside it: those parts take one split per (batch, KV head) and the body gives up as
-    many programs, so every program of both is resident from the start.
+    beside it: those parts take at most ROOM_SPLITS splits per (batch, KV head) and the
+    body gives up as many programs, so every program of both is resident from the start.
 
     Why (register arithmetic; the timings agree): an fp16-part program (decode_warp, 255
     registers) leaves room for one body program (~208) on its scheduler, not two; with every
@@ -32,7 +32,13 @@ def make_room(checked: list[Any]) -> list[Any]:
     given up, 0.074 with one split per head and none given up, 0.067 with one split per
     head and one given up (int4 0.060); the body first and the part beside it after read
     0.077. At 12 body programs per SM (168 registers) one part program displaces two and
-    the same change read 0.067 against 0.065: left as it was."""
+    the same change read 0.067 against 0.065: left as it was.
+
+    Why two splits, not one: one program per head walks the part's ~5 tiles alone, and
+    where the body's programs are short that walk ends the call. H100, q4 (sweep of 1, 2,
+    3, 5 part splits x 0-4 body splits given up, `benchmarks/fp16_part_plans.py`,
+    2026-12-06): 16k 0.0220 → 0.0199 ms, 32k and 128k unchanged (0.0266 / 0.0669 against
+    0.0267 / 0.0671); three or five splits gained nothing more and lost 1-2% at 128k."""
     if len(checked) < 2 or not checked[-1].cfg.pdl_beside:
         return checked
     body, small = checked[-1], checked[:-1]
@@ -48,13 +54,14 @@ def make_room(checked: list[Any]) -> list[Any]:
     if over() <= 0:
         return checked
     for a in small:
-        a.cfg = dataclasses.replace(a.cfg, num_splits=1)
+        a.cfg = dataclasses.replace(a.cfg, num_splits=min(a.cfg.num_splits, ROOM_SPLITS))
     give = -(-max(over(), 0) // programs)
     body.cfg = dataclasses.replace(body.cfg, num_splits=max(1, body.cfg.num_splits - give))
     return checked
 
 
 ROOM_PER_SM = 8  # the body's programs per SM where `make_room` applies (measured there)
+ROOM_SPLITS = 2  # splits per (batch, KV head) `make_room` leaves each smaller part
 
 
 SHORT_PART_TILES = 64  # a part of at most this many tiles is read one tile per split
