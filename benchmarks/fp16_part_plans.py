@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import triton
 
-from kvtax.attention import attention, launch, parts_plan
+from kvtax.attention import attention, parts_plan
 from kvtax.attention import triton_api as ta
 from kvtax.attention.triton_api import triton_attention
 from kvtax.cache import FullCache
@@ -38,48 +38,16 @@ PLANS = {"shipped": None,
          **{f"s3n32x{n}g{g}": (3, 32, n, g) for n in (1, 2, 3, 5) for g in range(5)},
          "s1n16x1g1": (1, 16, 1, 1), "s1n32x1g1": (1, 32, 1, 1), "s2n32x1g1": (2, 32, 1, 1),
          "s1n16x2g2": (1, 16, 2, 2), "s1n32x2g2": (1, 32, 2, 2), "s1n16x3g3": (1, 16, 3, 3),
-         "fork": ("fork", 3, 32, 2, 2), "shipped-again": None}
-# "fork": the fp16 part on a second stream, the body on the first, both launched normally
-# (two independent graph roots), the reduce on the first stream after both.
+         "shipped-again": None}
 
-_shipped = (parts_plan.short_splits, parts_plan.make_room, launch._decode_splits,
-            launch._reduce)
-
-
-def _fork_launches():
-    """launch._decode_splits / _reduce that run the first part on a side stream."""
-    side, split, reduce = torch.cuda.Stream(), _shipped[2], _shipped[3]
-    done = {}
-
-    def splits(a, part, explicit, split_base=0):
-        if split_base:
-            return split(a, part, explicit, split_base)
-        main = torch.cuda.current_stream()
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            split(a, part, explicit, split_base)
-        done["ev"] = torch.cuda.Event()
-        done["ev"].record(side)
-        return None
-
-    def reduce_after(*args, **kw):
-        torch.cuda.current_stream().wait_event(done.pop("ev"))
-        return reduce(*args, **kw)
-
-    return splits, reduce_after
+_shipped = (parts_plan.short_splits, parts_plan.make_room)
 
 
 def use_plan(plan) -> None:
     """Point launch_parts_decode's plan functions at `plan` (None: restore the shipped)."""
     if plan is None:
-        (parts_plan.short_splits, parts_plan.make_room, launch._decode_splits,
-         launch._reduce) = _shipped
+        parts_plan.short_splits, parts_plan.make_room = _shipped
         return
-    if plan[0] == "fork":
-        fork, plan = True, plan[1:]
-        launch._decode_splits, launch._reduce = _fork_launches()
-    else:
-        fork = False
     stages, block_n, splits, give = plan
 
     def short(checked):
@@ -91,9 +59,6 @@ def use_plan(plan) -> None:
     def room(checked):
         body = checked[-1]
         body.cfg = dataclasses.replace(body.cfg, num_splits=max(1, body.cfg.num_splits - give))
-        if fork:  # both launched normally, each a root of its own stream
-            for a in checked:
-                a.cfg = dataclasses.replace(a.cfg, pdl_launch=False, pdl_beside=False)
         return checked
 
     parts_plan.short_splits, parts_plan.make_room = short, room
