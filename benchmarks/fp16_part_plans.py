@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -64,7 +63,7 @@ def use_plan(plan) -> None:
     parts_plan.short_splits, parts_plan.make_room = short, room
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 32768, 65536, 131072])
@@ -73,61 +72,74 @@ def main() -> None:
     p.add_argument("--give", type=int, nargs="*", default=[],
                    help="also time plain int4 and q4's body with this many fewer splits")
     p.add_argument("--out", default="runs/fp16-part")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def context_cells(ctx: int, give: list[int], plans: list[str]):
+    """(q4's view, q, [(name, fn or plan name)]) for one context: a Llama-3.1-8B layer's
+    random K/V in q4, plain int4 and q4's body alone (each also with `give` fewer splits)."""
+    b, hq, hkv, d = 1, 32, 8, 128
+    gen = torch.Generator(device="cuda").manual_seed(ctx)
+    k, v = (torch.randn(b, hkv, ctx, d, generator=gen, device="cuda", dtype=torch.float16)
+            for _ in range(2))
+    q = torch.randn(b, hq, 1, d, generator=gen, device="cuda", dtype=torch.float16)
+    q4 = HybridCache("q4", capacity=ctx, max_chunk=min(2048, ctx))
+    for t0 in range(0, ctx, 2048):
+        q4.append(k[:, :, t0:t0 + 2048], v[:, :, t0:t0 + 2048])
+    int4 = FullCache("int4", capacity=ctx)
+    int4.append(k, v)
+    body = BlockKeysCache("k4w-c64v4", k, v)
+    lengths = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
+    cells = [("int4", lambda: triton_attention(q, int4.view(), lengths=lengths)),
+             ("body", lambda: triton_attention(q, body.view(), lengths=lengths))]
+    for fmt, cache in (("int4", int4), ("body", body)):
+        base = ta.launch_config(q, cache.view(), lengths)
+        for n in give:
+            cfg = dataclasses.replace(base, num_splits=max(1, base.num_splits - n))
+            cells.append((f"{fmt}-{n}", lambda c=cache, f=cfg: triton_attention(
+                q, c.view(), lengths=lengths, config=f)))
+    return q4.view(), q, cells + [(name, name) for name in plans]
+
+
+def main() -> None:
+    args = parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("fp16_part_plans.py: needs a CUDA GPU (it times the fused decode kernels)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     timer = Timer(args.reps, False, "read")
-    head = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
-                triton=triton.__version__, git=git_commit(), argv=sys.argv)
-    print(json.dumps(head), flush=True)
+    print(json.dumps(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
+                          triton=triton.__version__, git=git_commit(), argv=sys.argv)),
+          flush=True)
     rows = []
-    log = open(out / "rows.jsonl", "a")
-    b, hq, hkv, d = 1, 32, 8, 128
-    for ctx in args.contexts:
-        gen = torch.Generator(device="cuda").manual_seed(ctx)
-        k, v = (torch.randn(b, hkv, ctx, d, generator=gen, device="cuda", dtype=torch.float16)
-                for _ in range(2))
-        q = torch.randn(b, hq, 1, d, generator=gen, device="cuda", dtype=torch.float16)
-        q4 = HybridCache("q4", capacity=ctx, max_chunk=min(2048, ctx))
-        for t0 in range(0, ctx, 2048):
-            q4.append(k[:, :, t0:t0 + 2048], v[:, :, t0:t0 + 2048])
-        int4 = FullCache("int4", capacity=ctx)
-        int4.append(k, v)
-        body = BlockKeysCache("k4w-c64v4", k, v)
-        lengths = torch.full((b,), ctx, dtype=torch.int32, device="cuda")
-        view = q4.view()
-        use_plan(None)
-        expect = attention(q, view).float()
-        cells = [("int4", lambda: triton_attention(q, int4.view(), lengths=lengths)),
-                 ("body", lambda: triton_attention(q, body.view(), lengths=lengths))]
-        for fmt, cache in (("int4", int4), ("body", body)):
-            base = ta.launch_config(q, cache.view(), lengths)
-            for give in args.give:
-                cfg = dataclasses.replace(base, num_splits=max(1, base.num_splits - give))
-                cells.append((f"{fmt}-{give}", lambda c=cache, f=cfg: triton_attention(
-                    q, c.view(), lengths=lengths, config=f)))
-        cells += [(name, name) for name in args.plans]
-        for name, fn in cells:
-            if isinstance(fn, str):
-                use_plan(PLANS[fn])
-                got = attention(q, view).float()
-                err = ((got - expect).norm() / expect.norm()).item()
-                fn = lambda: attention(q, view)  # noqa: E731
-            else:
-                err = float("nan")
-            t = time.time()
-            ms, p20, p80 = timer(fn)
+    with open(out / "rows.jsonl", "a") as log:
+        for ctx in args.contexts:
+            view, q, cells = context_cells(ctx, args.give, args.plans)
             use_plan(None)
-            row = dict(ctx=ctx, plan=name, ms=ms, p20=p20, p80=p80, err_vs_shipped=err,
-                       wall_s=round(time.time() - t, 1))
-            rows.append(row)
-            log.write(json.dumps(row) + "\n")
-            log.flush()
-            print(f"{ctx:>7} {name:<11} {ms:.4f} ({p20:.4f}-{p80:.4f})  err {err:.1e}",
-                  flush=True)
-        del q4, int4, body, k, v
-        torch.cuda.empty_cache()
-    base = {(r["ctx"]): r["ms"] for r in rows if r["plan"] == "int4"}
+            expect = attention(q, view).float()
+            for name, fn in cells:
+                err = float("nan")
+                if isinstance(fn, str):  # a plan: q4 under it, checked against the shipped
+                    use_plan(PLANS[fn])
+                    got = attention(q, view).float()
+                    err = ((got - expect).norm() / expect.norm()).item()
+                    fn = lambda: attention(q, view)  # noqa: E731
+                ms, p20, p80 = timer(fn)
+                use_plan(None)
+                row = dict(ctx=ctx, plan=name, ms=ms, p20=p20, p80=p80, err_vs_shipped=err)
+                rows.append(row)
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+                print(f"{ctx:>7} {name:<11} {ms:.4f} ({p20:.4f}-{p80:.4f})  err {err:.1e}",
+                      flush=True)
+            del view, q, cells
+            torch.cuda.empty_cache()
+    print_table(rows, args)
+
+
+def print_table(rows: list[dict], args: argparse.Namespace) -> None:
+    """Markdown: each cell's ms and its ratio to plain int4's at that context."""
+    base = {r["ctx"]: r["ms"] for r in rows if r["plan"] == "int4"}
     print("\n| plan | " + " | ".join(str(c) for c in args.contexts) + " |")
     names = ["body", *[f"{f}-{g}" for f in ("int4", "body") for g in args.give], *args.plans]
     for name in names:
