@@ -38,7 +38,7 @@ def make_room(checked: list[Any]) -> list[Any]:
     where the body's programs are short that walk ends the call. H100, q4 (sweep of 1, 2,
     3, 5 part splits x 0-4 body splits given up, `benchmarks/fp16_part_plans.py`,
     2026-12-06): 16k 0.0220 → 0.0199 ms, 32k and 128k unchanged (0.0266 / 0.0669 against
-    0.0267 / 0.0671); three or five splits gained nothing more and lost 1-2% at 128k."""
+    0.0267 / 0.0671); three or five splits gained nothing more and lost up to 2% at 128k."""
     if len(checked) < 2 or not checked[-1].cfg.pdl_beside:
         return checked
     body, small = checked[-1], checked[:-1]
