@@ -458,7 +458,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--only", choices=["attention", "int3", "widest", "staged", "swap", "sweep",
-                                      "store", "gemv"],
+                                      "store", "gemv", "parts"],
                    default=None)
     p.add_argument("--full", action="store_true", help="also the prefill path")
     p.add_argument("-v", action="store_true", help="print tracebacks")
@@ -490,6 +490,8 @@ def main() -> int:
     if args.only == "swap":
         cases += list(swap_cases())
         cases += list(c64_swap_cases())
+    if args.only == "parts":  # q4's fused decode alone (a quick check of that launch)
+        cases += list(parts_decode_cases("q4", "q4", torch_store=False))
     if args.only in (None, "sweep"):
         cases += list(sweep_cases())
     if args.only in (None, "store"):

@@ -32,19 +32,22 @@ sys.path.insert(0, str(Path(__file__).parent))
 from attention import BlockKeysCache  # noqa: E402  (benchmarks/, this script's folder)
 
 # name: (stages, block_n, splits per head, body splits given up); None = as shipped
-# (`parts_plan.short_splits` / `make_room`). The fp16 part launches first, the body beside it.
-PLANS = {"shipped": None,
+# (`parts_plan.short_splits` / `make_room`; the two parts in one launch, `parts_plan.folds`);
+# "unfolded": as shipped, but the fp16 part in its own launch and the body beside it
+# (stages and block_n apply there only: the folded part reads 16-position steps).
+PLANS = {"shipped": None, "unfolded": "unfolded",
          **{f"s3n32x{n}g{g}": (3, 32, n, g) for n in (1, 2, 3, 5) for g in range(5)},
          "s1n16x1g1": (1, 16, 1, 1), "s1n32x1g1": (1, 32, 1, 1), "s2n32x1g1": (2, 32, 1, 1),
          "s1n16x2g2": (1, 16, 2, 2), "s1n32x2g2": (1, 32, 2, 2), "s1n16x3g3": (1, 16, 3, 3),
-         "shipped-again": None}
+         "shipped-again": None, "unfolded-again": "unfolded"}
 
 _shipped = (parts_plan.short_splits, parts_plan.make_room)
 
 
 def use_plan(plan) -> None:
     """Point launch_parts_decode's plan functions at `plan` (None: restore the shipped)."""
-    if plan is None:
+    parts_plan.FOLD = plan != "unfolded"
+    if plan is None or plan == "unfolded":
         parts_plan.short_splits, parts_plan.make_room = _shipped
         return
     stages, block_n, splits, give = plan
@@ -130,7 +133,7 @@ def main() -> None:
                 rows.append(row)
                 log.write(json.dumps(row) + "\n")
                 log.flush()
-                print(f"{ctx:>7} {name:<11} {ms:.4f} ({p20:.4f}-{p80:.4f})  err {err:.1e}",
+                print(f"{ctx:>7} {name:<14} {ms:.4f} ({p20:.4f}-{p80:.4f})  err {err:.1e}",
                       flush=True)
             del view, q, cells
             torch.cuda.empty_cache()

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from kvtax.attention import attention
+from kvtax.attention import attention, parts_plan
 from kvtax.attention.dispatch import hybrid_decode_reason
 from kvtax.attention.lse import attention_lse, merge_lse
 from kvtax.cache.hybrid import HybridCache
@@ -18,8 +18,9 @@ from tests.support import kernels as ke
 pytestmark = [pytest.mark.gpu, pytest.mark.kernels]
 
 
-def _q4(ctx, *, dtype=torch.float16, group=4, h_kv=8, d=128, batch=1, capacity=None):
-    """q `[batch, h_kv * group, 1, d]` and a q4 HybridCache of ctx tokens on CUDA."""
+def _q4(ctx, *, dtype=torch.float16, group=4, h_kv=8, d=128, batch=1, capacity=None,
+        n_q=1):
+    """q `[batch, h_kv * group, n_q, d]` and a q4 HybridCache of ctx tokens on CUDA."""
     gen = torch.Generator(device="cuda").manual_seed(ctx)
     k = torch.randn(batch, h_kv, ctx, d, generator=gen, device="cuda")
     k[..., :2] *= 6.0
@@ -27,7 +28,7 @@ def _q4(ctx, *, dtype=torch.float16, group=4, h_kv=8, d=128, batch=1, capacity=N
     cache = HybridCache("q4", capacity=capacity, max_chunk=4096)
     for t0 in range(0, ctx, 4096):
         cache.append(k[:, :, t0:t0 + 4096].to(dtype), v[:, :, t0:t0 + 4096].to(dtype))
-    q = torch.randn(batch, h_kv * group, 1, d, generator=gen, device="cuda").to(dtype)
+    q = torch.randn(batch, h_kv * group, n_q, d, generator=gen, device="cuda").to(dtype)
     return q, cache
 
 
@@ -47,7 +48,11 @@ def test_q4_fused_decode_matches_reference(ctx, dtype):
                     what=f"q4 ctx {ctx} {dtype}")
 
 
-def test_q4_fused_decode_is_three_launches_body_on_gluon():
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "unfolded"])
+def test_q4_fused_decode_launches(fold, monkeypatch):
+    """Folded (`parts_plan.folds`): the Gluon kernel reads both parts, then the reduce;
+    unfolded: the fp16 ring on decode_warp, the body on the Gluon kernel, the reduce."""
+    monkeypatch.setattr(parts_plan, "FOLD", fold)
     q, cache = _q4(8192)
     view = cache.view()
     attention(q, view)  # compile outside the profile
@@ -56,10 +61,34 @@ def test_q4_fused_decode_is_three_launches_body_on_gluon():
         attention(q, view)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(names) == 3, names
+    assert len(names) == (2 if fold else 3), names
     assert any("decode_swap_gluon" in n for n in names), names  # the masked body
-    assert any("decode_warp" in n for n in names), names        # the fp16 ring
+    assert any("decode_warp" in n for n in names) != fold, names  # the fp16 ring alone
     assert "decode_attn_reduce_kernel" in names[-1], names
+
+
+# (ctx, group, n_q): shorter than the sinks, than sinks + window, at its edges, past a
+# wrap of the ring's slots, and 1-4 query rows per KV head
+FOLD_CASES = [(3, 4, 1), (100, 2, 2), (131, 1, 4), (133, 4, 1), (700, 2, 2), (5000, 1, 4),
+              (70000, 4, 1)]
+
+
+@pytest.mark.parametrize("case", FOLD_CASES, ids=lambda c: "ctx{}-G{}-L{}".format(*c))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_q4_folded_decode_matches_reference_and_unfolded(case, dtype, monkeypatch):
+    ctx, group, n_q = case
+    q, cache = _q4(ctx, dtype=dtype, batch=2, group=group, n_q=n_q)
+    view = cache.view()
+    seen = []
+    real = parts_plan.folds
+    monkeypatch.setattr(parts_plan, "folds", lambda c: seen.append(real(c)) or seen[-1])
+    got = attention(q, view).float()
+    assert seen == [True], "the parts did not fold"
+    atol, rel = ke.TOLERANCE[dtype]
+    ke.assert_close(got, _reference(q, view), atol=atol, rel_rms=rel, what=f"{case} {dtype}")
+    monkeypatch.setattr(parts_plan, "FOLD", False)
+    ke.assert_close(got, attention(q, view).float(), atol=atol, rel_rms=rel,
+                    what=f"{case} {dtype} vs unfolded")
 
 
 def test_q4_fused_decode_replays_in_a_cuda_graph():
@@ -92,29 +121,33 @@ def test_q4_fused_decode_replays_in_a_cuda_graph():
 
 
 def test_q4_body_runs_beside_the_ring_and_sees_what_came_before():
-    """Under PDL the body's kernel runs beside the fp16 ring's (no wait of its own at its
-    start): a graph that writes the query right before attention must still read each
-    replay's new query in both parts, and the reduce must see both parts' splits."""
+    """Under PDL the body is planned beside the fp16 ring and the two fold into one launch
+    (`parts_plan.folds`): a graph that writes the query right before attention must still
+    read each replay's new query in both parts, and the reduce must see both parts' splits."""
     from kvtax import pdl
-    from kvtax.attention import parts_plan
     from kvtax.attention.launch_table import sm_count
 
     q, cache = _q4(70000)
     view = cache.view()
     assert pdl.enabled("attention", q, False)
     seen = []
-    real = parts_plan.beside
-    parts_plan.beside = lambda checked: seen.append(real(checked)) or seen[-1]
+    real_room = parts_plan.make_room
+
+    def room(checked):  # the plan as make_room leaves it (the fold then edits the body's)
+        checked = real_room(checked)
+        seen.append([(a.cfg.kernel, a.cfg.pdl_beside, a.cfg.num_splits) for a in checked])
+        return checked
+
+    parts_plan.make_room = room
     try:
         attention(q, view)
     finally:
-        parts_plan.beside = real
-    assert [(a.cfg.kernel, a.cfg.pdl_beside) for a in seen[0]] == [
-        ("warp", False), ("swap", True)]
-    ring, body = seen[0]  # make_room: two ring splits per head, every program resident
+        parts_plan.make_room = real_room
+    assert [c[:2] for c in seen[0]] == [("warp", False), ("swap", True)]
+    (_, _, ring), (_, _, body) = seen[0]  # two ring splits per head, every program resident
     programs = q.shape[0] * view.parts[0].view.num_kv_heads
-    assert ring.cfg.num_splits == parts_plan.ROOM_SPLITS
-    assert (ring.cfg.num_splits + body.cfg.num_splits) * programs <= 8 * sm_count(q.device)
+    assert ring == parts_plan.ROOM_SPLITS
+    assert (ring + body) * programs <= 8 * sm_count(q.device)
     gen = torch.Generator(device="cuda").manual_seed(7)
     queries = [torch.randn(q.shape, generator=gen, device="cuda").half() * 4 for _ in range(8)]
     q_in = torch.empty_like(q)

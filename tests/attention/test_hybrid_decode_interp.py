@@ -145,6 +145,57 @@ def test_cpu_without_kernels_keeps_the_reference():
     assert "CUDA" in hybrid_decode_reason(q, view)
 
 
+# q4's two parts in one launch (`parts_plan.folds`: the swap kernel's first programs read
+# the fp16 part; its Triton twin here, the Gluon kernel on CUDA where it serves the body).
+# (spec, head_dim, group, ctx, n_q, chunk): shorter than the sinks, than sinks + window,
+# and (32-token chunks: a ring of window + 31 slots) past several wraps of the ring's slots;
+# 1-4 query rows per KV head
+FOLD_CASES = [
+    ("q4", 128, 4, 3, 1, None),
+    ("q4", 64, 2, 100, 2, None),
+    ("q4", 128, 1, 333, 4, 32),
+    ("k4-c64v4@s4r16", 64, 4, 150, 1, 32),
+]
+
+
+def _chunked(spec, *, d, group, ctx, n_q, chunk, batch=2, h_kv=2, seed=0):
+    """As `_hybrid`, the cache filled `chunk` tokens at a time (its ring sized for them)."""
+    gen = torch.Generator().manual_seed(seed)
+    k, v = (torch.randn(batch, h_kv, ctx, d, generator=gen) for _ in range(2))
+    q = torch.randn(batch, h_kv * group, n_q, d, generator=gen).to(DEVICE, torch.float16)
+    cache = HybridCache(spec, max_chunk=chunk)
+    for t0 in range(0, ctx, chunk):
+        cache.append(k[:, :, t0:t0 + chunk].to(DEVICE, torch.float16),
+                     v[:, :, t0:t0 + chunk].to(DEVICE, torch.float16))
+    return q, cache.view()
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("case", FOLD_CASES, ids=lambda c: "{}-D{}-G{}-ctx{}-L{}".format(*c))
+def test_folded_parts_match_reference(case, splits, launches, monkeypatch):
+    spec, d, g, ctx, n_q, chunk = case
+    if chunk is None:
+        q, view = _hybrid(spec, d=d, group=g, ctx=ctx, n_q=n_q, seed=ctx)
+    else:
+        q, view = _chunked(spec, d=d, group=g, ctx=ctx, n_q=n_q, chunk=chunk, seed=ctx)
+        assert ctx > view.parts[0].view.sinks + 2 * view.parts[0].view.ring  # wrapped twice
+    folded = []
+
+    def folds(checked):  # as `folds` where the body takes kernel "swap"
+        ring, body = checked
+        ring.cfg = dataclasses.replace(ring.cfg, num_splits=splits)
+        body.cfg = swap_decode_config(body.q, body.view)
+        folded.append(body.cfg.num_splits)
+        return True
+
+    monkeypatch.setattr(parts_plan, "folds", folds)
+    got = attention(q, view)
+    assert folded and launches == {"split": 1, "reduce": 1}, launches
+    atol, rel = TOLERANCE[q.dtype]
+    ke.assert_close(got.float(), _reference(q, view), atol=atol, rel_rms=rel,
+                    what=f"{case} {splits} splits")
+
+
 # swap kernels with the hybrid body's masks (the Gluon kernel's CUDA path reads the same
 # min_distance / min_key; its Triton twin runs here). (value, d, group, ctx, n_q, md, mk)
 SWAP_CASES = [

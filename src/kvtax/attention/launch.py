@@ -7,6 +7,7 @@ constexprs and runs prefill.py, or a decode kernel then reduce.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from functools import lru_cache
@@ -125,8 +126,19 @@ def launch_parts_decode(
     parts_plan.short_splits(checked)
     if not any(rotate_partials):
         checked = parts_plan.make_room(parts_plan.beside(checked))
+    fold = parts_plan.folds(checked)
     part = decode_workspace(q0, parts[0][1].num_kv_heads,
                             sum(a.cfg.num_splits for a in checked))
+    if fold:  # one launch: the fp16 part's splits, then the body's
+        ring, body = checked
+        body.cfg = dataclasses.replace(body.cfg, pdl_beside=False)
+        # the Gluon kernel where it serves the body (as `folds` requires), else its twin
+        fn = _launch_swap_gluon if gluon_swap_reason(body.q, body.view) is None else \
+            _launch_swap_triton
+        fn(body, part, dict(split_base=ring.cfg.num_splits, splits_total=part[1].shape[1]),
+           ring=ring)
+        _reduce(part, out, q0, body.common["G"], dict(Lse=out, HAS_LSE=False))
+        return out
     base = 0
     for i, a in enumerate(checked):
         _decode_splits(a, part, explicit=False, split_base=base)
@@ -302,26 +314,31 @@ def _swap(a: _Args, part: tuple, explicit: bool, slots: dict) -> None:
         _launch_swap_triton(a, part, slots)
 
 
-def _launch_swap_triton(a: _Args, part: tuple, slots: dict) -> None:
-    """decode_swap.py (the Triton twin: any `swap_reason` case, soft-capping too)."""
+def _launch_swap_triton(a: _Args, part: tuple, slots: dict, ring: _Args | None = None) -> None:
+    """decode_swap.py (the Triton twin: any `swap_reason` case, soft-capping too); `ring`
+    as `_launch_swap_gluon`'s."""
     q, view, cfg = a.q, a.view, a.cfg
     d, b, h_kv = view.head_dim, q.shape[0], view.num_kv_heads
     # int4-c64 / int4w-c64: block vectors
     k_ng = 1 if a.k_fmt in (4, 7) else d // view.spec.key.group_size
-    decode_swap_kernel[(b * h_kv, cfg.num_splits)](
+    fold = _fold_args(ring, a.cache[0])
+    decode_swap_kernel[(b * h_kv, cfg.num_splits + fold["f_splits"])](
         q, *part, *a.cache[:7], view.length, q.shape[2], cfg.num_splits, h_kv,
-        a.qk_scale, a.cap_log2, *q.stride(), *a.strides, **a.masks, **slots,
+        a.qk_scale, a.cap_log2, *q.stride(), *a.strides, **a.masks, **slots, **fold,
         G=q.shape[1] // h_kv, HEAD_DIM=d, K_FMT=a.k_fmt, K_NG=k_ng,
         V_FMT=a.v_fmt, V_NG=d // view.spec.value.group_size, SOFTCAP=a.softcap,
-        HAS_LENS=a.lengths is not None, ASM=not interpreting(), num_warps=1,
+        HAS_LENS=a.lengths is not None, ASM=not interpreting(), FOLD=ring is not None,
+        num_warps=1,
         num_stages=cfg.num_stages, **pdl_options("attention", q, cfg),
     )
 
 
-def _launch_swap_gluon(a: _Args, part: tuple, slots: dict) -> None:
+def _launch_swap_gluon(a: _Args, part: tuple, slots: dict, ring: _Args | None = None) -> None:
     """decode_swap_gluon.py: scales and biases as 32-bit words (one slot's lo / hi pair;
     `swap_reason` checked their alignment), V codes as uint16 pairs; int4-c64 keys' block
-    metadata as stored (`[slots / 64, D]` per head, model dtype)."""
+    metadata as stored (`[slots / 64, D]` per head, model dtype). `ring` (`parts_plan.folds`):
+    a hybrid cache's fp16 part, read by this launch's first programs at split slots
+    `[0, ring.cfg.num_splits)`."""
     import triton.experimental.gluon.language as gl
 
     q, view, cfg, lengths = a.q, a.view, a.cfg, a.lengths
@@ -333,17 +350,31 @@ def _launch_swap_gluon(a: _Args, part: tuple, slots: dict) -> None:
     if kc64:
         words[:2] = ks, kb
     vc16 = vc.view(torch.int16)
-    gluon_swap_kernel()[(b * h_kv, cfg.num_splits)](
+    fold = _fold_args(ring, kc)
+    gluon_swap_kernel()[(b * h_kv, cfg.num_splits + fold["f_splits"])](
         q, *part, kc, vc16, *words,
         lengths if lengths is not None else kc, view.length, q.shape[2], cfg.num_splits, h_kv,
         a.qk_scale, *q.stride(), *kc.stride()[:3], *words[0].stride()[:2],
-        *vc16.stride()[:3], *words[2].stride()[:2], **a.masks, **slots,
+        *vc16.stride()[:3], *words[2].stride()[:2], **a.masks, **slots, **fold,
         G=q.shape[1] // h_kv, D=view.head_dim, STAGES=cfg.num_stages,
         MDT=gl.float16 if q.dtype == torch.float16 else gl.bfloat16,
         INT4=view.spec.key.n_bits == 4, HAS_LENS=lengths is not None, KC64=kc64,
-        HAS_MIN_DIST=a.common["HAS_MIN_DIST"], KW=a.k_fmt == 7,
+        HAS_MIN_DIST=a.common["HAS_MIN_DIST"], KW=a.k_fmt == 7, FOLD=ring is not None,
         num_warps=1, **pdl_options("attention", q, cfg), **_reg_cap(cfg),
     )
+
+
+def _fold_args(ring: _Args | None, kc: torch.Tensor) -> dict:
+    """The swap kernels' FOLD arguments: a hybrid cache's fp16 part (`ring`: its K / V,
+    sinks, ring and window, its splits first at split slot 0), or none (kc stands in)."""
+    names = ("f_splits", "f_base", "sinks", "ring", "window", "s_fk_b", "s_fk_h", "s_fk_t",
+             "s_fv_b", "s_fv_h", "s_fv_t")
+    if ring is None:
+        return dict(fk=kc, fv=kc, **dict.fromkeys(names, 0))
+    fk, fv = ring.view.k.codes, ring.view.v.codes
+    return dict(fk=fk, fv=fv, **dict(zip(names, (
+        ring.cfg.num_splits, 0, ring.view.sinks, ring.view.ring, ring.view.window,
+        *fk.stride()[:3], *fv.stride()[:3]))))
 
 
 def _reg_cap(cfg) -> dict:

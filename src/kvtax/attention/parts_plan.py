@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
 import triton
 
 from kvtax import pdl
 from kvtax.attention.launch_table import max_slots, sm_count
-from kvtax.attention.support import interpreting
+from kvtax.attention.support import gluon_swap_reason, interpreting
 
 
 def make_room(checked: list[Any]) -> list[Any]:
@@ -105,3 +106,30 @@ def beside(checked: list[Any]) -> list[Any]:
         a.cfg = (dataclasses.replace(a.cfg, pdl_launch=False, pdl_late=False) if i == 0 else
                  dataclasses.replace(a.cfg, pdl_launch=True, pdl_late=late, pdl_beside=True))
     return checked
+
+
+FOLD = True  # `folds` may answer yes (benchmarks/fp16_part_plans.py times both ways)
+
+
+def folds(checked: list[Any]) -> bool:
+    """Whether q4's two parts, planned to run side by side (`beside`, `make_room`), take
+    ONE launch: the Gluon swap kernel with the fp16 part's splits as its first programs
+    (decode_swap_gluon.py's FOLD, ring_part_gluon.py). Why: the part's own launch put the
+    body's start ~2 µs behind it at 128k on an H100, whatever its plan (docs/KERNELS.md).
+
+    Where: a float part (fp16 or bf16; a ring read through a window, no other masks)
+    before a body the Gluon kernel serves, the same queries, lengths and
+    score scale, no soft-capping."""
+    if not FOLD or len(checked) != 2 or not checked[-1].cfg.pdl_beside:
+        return False
+    ring, body = checked
+    v = ring.view
+    return (body.cfg.kernel == "swap" and not body.softcap and not ring.softcap
+            and not (v.spec.key.is_quantized or v.spec.value.is_quantized)
+            and v.ring > 0 and v.window is not None and not any(ring.masks.values())
+            and v.k.codes.dtype == v.v.codes.dtype
+            and v.k.codes.dtype in (torch.float16, torch.bfloat16)
+            and v.head_dim == body.view.head_dim and ring.q is body.q
+            and ring.lengths is body.lengths and v.length == body.view.length
+            and ring.qk_scale == body.qk_scale
+            and gluon_swap_reason(body.q, body.view) is None)

@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from kvtax.attention.kernels.common import pdl_enter, pdl_exit, sequence_of, tanh
+from kvtax.attention.kernels.ring_part import ring_part_split
 from kvtax.attention.kernels.swap_codes import k_halves, tiles, v_quarters
 from kvtax.attention.kernels.widest import stored_channels
 
@@ -249,17 +250,22 @@ def decode_swap_kernel(
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h, s_km_t,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h, s_vm_t,
     min_dist, min_key, split_base, splits_total,
+    fk, fv, f_splits, f_base, sinks, ring, window,
+    s_fk_b, s_fk_h, s_fk_t, s_fv_b, s_fv_h, s_fv_t,
     G: tl.constexpr, HEAD_DIM: tl.constexpr,
     K_FMT: tl.constexpr, K_NG: tl.constexpr, V_FMT: tl.constexpr, V_NG: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_LENS: tl.constexpr, ASM: tl.constexpr,
     PDL: tl.constexpr = False, PDL_LATE: tl.constexpr = False,
-    PDL_BESIDE: tl.constexpr = False,
+    PDL_BESIDE: tl.constexpr = False, FOLD: tl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. Writes PartO [B*H_kv, S_total, R, D], PartM / PartL
     [B*H_kv, S_total, R] (R = G * n_q <= 4): unnormalized output, base-2 max, denominator,
     this launch's S splits at `[split_base, split_base + S)` of `splits_total` (a hybrid
     cache's parts share one reduce). min_dist / min_key: a query at p reads keys k with
-    min_key <= k <= p - min_dist (a hybrid cache's body; 0, 0: plain causal).
+    min_key <= k <= p - min_dist (a hybrid cache's body; 0, 0: plain causal). FOLD: programs
+    with split < f_splits read the hybrid cache's fp16 part instead (fk, fv: its K / V, a
+    ring of `ring` slots past `sinks` read through `window`; ring_part.py), partials at
+    split slots `[f_base, f_base + f_splits)`; the others are the body's splits 0 .. S - 1.
 
     Over 80 lines: the prologue, the unmasked and masked step loops and the two-stream
     merge share one register state; the per-step work is `_step`.
@@ -272,6 +278,16 @@ def decode_swap_kernel(
     split = tl.program_id(1)
     b, h, length, num_slots, kv0 = sequence_of(
         pid_bh, n_kv_heads, Lens, Lens, length_host, 0, 1, False, HAS_LENS, False)
+    if FOLD:
+        if split < f_splits:  # the fp16 part's programs come first
+            ring_part_split(Q, PartO, PartM, PartL, fk, fv, b, h,
+                            (pid_bh.to(tl.int64) * splits_total + f_base + split) * (G * n_q),
+                            length, n_q, split, f_splits, sinks, ring, window, qk_scale,
+                            s_qb, s_qh, s_ql, s_qd, s_fk_b, s_fk_h, s_fk_t,
+                            s_fv_b, s_fv_h, s_fv_t, G, HEAD_DIM)
+            pdl_exit(PDL, PDL_LATE, PDL_BESIDE)
+            return
+        split = split - f_splits
     n_rows = G * n_q
 
     p_kc = Kc + b * s_kc_b + h * s_kc_h

@@ -32,6 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from kvtax.attention.kernels.common import pdl_enter, pdl_exit  # scalar-only: Gluon calls them
+from kvtax.attention.kernels.ring_part_gluon import ring_part_split
 from kvtax.attention.kernels.swap_gluon_codes import (
     fifth_bytes, halves, x4, x4_pairs, x4w, x8, x8_pairs,
 )
@@ -131,11 +132,13 @@ def decode_swap_gluon_kernel(
     s_kc_b, s_kc_h, s_kc_t, s_km_b, s_km_h,
     s_vc_b, s_vc_h, s_vc_t, s_vm_b, s_vm_h,
     min_dist, min_key, split_base, splits_total,
+    fk, fv, f_splits, f_base, sinks, ring, window,
+    s_fk_b, s_fk_h, s_fk_t, s_fv_b, s_fv_h, s_fv_t,
     G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, MDT: gl.constexpr,
     INT4: gl.constexpr, HAS_LENS: gl.constexpr,
     PDL: gl.constexpr = False, PDL_LATE: gl.constexpr = False, KC64: gl.constexpr = False,
     HAS_MIN_DIST: gl.constexpr = False, PDL_BESIDE: gl.constexpr = False,
-    KW: gl.constexpr = False,
+    KW: gl.constexpr = False, FOLD: gl.constexpr = False,
 ):
     """Grid (B * H_kv, S), one warp. kc: uint8 codes [B, H, slots, row bytes]; vc: the V
     codes as uint16 pairs [B, H, slots, row bytes / 2] (strides in their elements);
@@ -147,6 +150,10 @@ def decode_swap_gluon_kernel(
     <= 4), this launch's S splits at `[split_base, split_base + S)` of `splits_total` (a
     hybrid cache's parts share one reduce). HAS_MIN_DIST: a query at p reads only keys k
     with min_key <= k <= p - min_dist (the hybrid body; decode_swap.py's masks).
+    FOLD (q4's two parts in one launch): programs with split < f_splits read the hybrid
+    cache's fp16 part instead (fk, fv: its K / V, a ring of `ring` slots past `sinks`
+    read through `window`; ring_part_gluon.py), their partials at split slots
+    `[f_base, f_base + f_splits)`; the others are the body's splits 0 .. S - 1.
 
     Over 80 lines: the shared-memory ring and its cp.async issue / wait / consume span the
     whole loop, and a gluon.jit helper would take most of the kernel's layouts and buffers.
@@ -175,6 +182,16 @@ def decode_swap_gluon_kernel(
         length = gl.load(lens + b)
     else:
         length = length_host
+    if FOLD:
+        if split < f_splits:  # the fp16 part's programs come first, as its launch did
+            ring_part_split(q_ptr, part_o, part_m, part_l, fk, fv, b, h,
+                            (pid_bh.to(gl.int64) * splits_total + f_base + split) * (G * n_q),
+                            length, n_q, split, f_splits, sinks, ring, window, qk_scale,
+                            s_qb, s_qh, s_ql, s_qd, s_fk_b, s_fk_h, s_fk_t,
+                            s_fv_b, s_fv_h, s_fv_t, G, D)
+            pdl_exit(PDL, PDL_LATE, PDL_BESIDE)
+            return
+        split = split - f_splits
     if HAS_MIN_DIST:  # tiles at or past length - min_dist hold no key any row sees
         n_tiles = gl.cdiv(gl.maximum(length - min_dist, 0), BN)
     else:
