@@ -1,6 +1,6 @@
 """q4 decode under alternative launch plans for its fp16 part (sinks + recent window).
 
-One Llama-3.1-8B layer (32 q heads, 8 KV heads, D 128, batch 1, fp16), one decode row,
+One Llama-3.1-8B layer (32 q heads, 8 KV heads, D 128, batch 1, fp16 or bf16), one decode row,
 q4's hybrid cache at each context; each plan sets the fp16 part's decode_warp launch
 (pipeline stages, slots per tile, splits per head) and how many splits the body gives
 up, in place of `parts_plan.short_splits` / `make_room`. Every plan's output is checked
@@ -42,11 +42,13 @@ PLANS = {"shipped": None, "unfolded": "unfolded",
          "shipped-again": None, "unfolded-again": "unfolded"}
 
 _shipped = (parts_plan.short_splits, parts_plan.make_room)
+_FOLD = parts_plan.FOLD  # as the environment left it (KVTAX_FOLD)
+DTYPE = "float16"  # --dtype
 
 
 def use_plan(plan) -> None:
     """Point launch_parts_decode's plan functions at `plan` (None: restore the shipped)."""
-    parts_plan.FOLD = plan != "unfolded"
+    parts_plan.FOLD = _FOLD and plan != "unfolded"
     if plan is None or plan == "unfolded":
         parts_plan.short_splits, parts_plan.make_room = _shipped
         return
@@ -74,6 +76,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=25)
     p.add_argument("--give", type=int, nargs="*", default=[],
                    help="also time plain int4 and q4's body with this many fewer splits")
+    p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16",
+                   help="the layer's queries and K / V (q4's fp16 part stays fp16)")
     p.add_argument("--out", default="runs/fp16-part")
     return p.parse_args()
 
@@ -83,9 +87,10 @@ def context_cells(ctx: int, give: list[int], plans: list[str]):
     random K/V in q4, plain int4 and q4's body alone (each also with `give` fewer splits)."""
     b, hq, hkv, d = 1, 32, 8, 128
     gen = torch.Generator(device="cuda").manual_seed(ctx)
-    k, v = (torch.randn(b, hkv, ctx, d, generator=gen, device="cuda", dtype=torch.float16)
+    dtype = getattr(torch, DTYPE)
+    k, v = (torch.randn(b, hkv, ctx, d, generator=gen, device="cuda", dtype=dtype)
             for _ in range(2))
-    q = torch.randn(b, hq, 1, d, generator=gen, device="cuda", dtype=torch.float16)
+    q = torch.randn(b, hq, 1, d, generator=gen, device="cuda", dtype=dtype)
     q4 = HybridCache("q4", capacity=ctx, max_chunk=min(2048, ctx))
     for t0 in range(0, ctx, 2048):
         q4.append(k[:, :, t0:t0 + 2048], v[:, :, t0:t0 + 2048])
@@ -105,14 +110,17 @@ def context_cells(ctx: int, give: list[int], plans: list[str]):
 
 
 def main() -> None:
+    global DTYPE
     args = parse_args()
+    DTYPE = args.dtype
     if not torch.cuda.is_available():
         sys.exit("fp16_part_plans.py: needs a CUDA GPU (it times the fused decode kernels)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     timer = Timer(args.reps, False, "read")
     print(json.dumps(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__,
-                          triton=triton.__version__, git=git_commit(), argv=sys.argv)),
+                          triton=triton.__version__, git=git_commit(), argv=sys.argv,
+                          dtype=args.dtype)),
           flush=True)
     rows = []
     with open(out / "rows.jsonl", "a") as log:

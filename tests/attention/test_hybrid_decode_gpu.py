@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from kvtax.attention import attention, parts_plan
+from kvtax.attention import attention, launch, parts_plan
 from kvtax.attention.dispatch import hybrid_decode_reason
 from kvtax.attention.lse import attention_lse, merge_lse
 from kvtax.cache.hybrid import HybridCache
@@ -138,11 +138,19 @@ def test_q4_body_runs_beside_the_ring_and_sees_what_came_before():
         seen.append([(a.cfg.kernel, a.cfg.pdl_beside, a.cfg.num_splits) for a in checked])
         return checked
 
-    parts_plan.make_room = room
+    launched = []
+    real_launch = launch._launch_swap_gluon
+
+    def spy(a, part, slots, ring=None):  # the folded launch: as the fp16 part's, not early
+        launched.append((a.cfg.pdl_launch, a.cfg.pdl_beside, ring is not None))
+        return real_launch(a, part, slots, ring=ring)
+
+    parts_plan.make_room, launch._launch_swap_gluon = room, spy
     try:
         attention(q, view)
     finally:
-        parts_plan.make_room = real_room
+        parts_plan.make_room, launch._launch_swap_gluon = real_room, real_launch
+    assert launched == [(False, False, True)], launched
     assert [c[:2] for c in seen[0]] == [("warp", False), ("swap", True)]
     (_, _, ring), (_, _, body) = seen[0]  # two ring splits per head, every program resident
     programs = q.shape[0] * view.parts[0].view.num_kv_heads

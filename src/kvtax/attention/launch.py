@@ -131,7 +131,11 @@ def launch_parts_decode(
                             sum(a.cfg.num_splits for a in checked))
     if fold:  # one launch: the fp16 part's splits, then the body's
         ring, body = checked
-        body.cfg = dataclasses.replace(body.cfg, pdl_beside=False)
+        # launched as the fp16 part was (normally: `beside`); launched early, the body's
+        # 8-per-SM grid landed beside the kernel before it and the whole model's 128k step
+        # read 7.95 ms/token against 7.25 unfolded (H100, 2026-12-06, docs/KERNELS.md)
+        body.cfg = dataclasses.replace(body.cfg, pdl_beside=False,
+                                       pdl_launch=ring.cfg.pdl_launch)
         # the Gluon kernel where it serves the body (as `folds` requires), else its twin
         fn = _launch_swap_gluon if gluon_swap_reason(body.q, body.view) is None else \
             _launch_swap_triton

@@ -9,6 +9,7 @@ Each function takes the parts' per-call argument objects (`launch._Args`: `q`, `
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import torch
@@ -108,7 +109,9 @@ def beside(checked: list[Any]) -> list[Any]:
     return checked
 
 
-FOLD = True  # `folds` may answer yes (benchmarks/fp16_part_plans.py times both ways)
+# `folds` may answer yes; environment KVTAX_FOLD=0 keeps the parts' launches apart (as
+# kvtax.pdl's KVTAX_PDL: for side-by-side timings; benchmarks/fp16_part_plans.py sets it)
+FOLD = os.environ.get("KVTAX_FOLD", "1").strip().lower() not in ("0", "off", "false")
 
 
 def folds(checked: list[Any]) -> bool:
