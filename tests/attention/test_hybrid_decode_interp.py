@@ -96,12 +96,15 @@ def _id(c) -> str:
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
-def test_fused_decode_matches_reference(case, launches):
+def test_fused_decode_matches_reference(case, launches, monkeypatch):
     spec, d, g, ctx, n_q, window = case
     q, view = _hybrid(spec, d=d, group=g, ctx=ctx, n_q=n_q, window=window, seed=ctx)
     assert hybrid_decode_reason(q, view) is None
+    folded = []  # CUDA: q4's two parts may take one launch (`parts_plan.folds`)
+    real = parts_plan.folds
+    monkeypatch.setattr(parts_plan, "folds", lambda c: folded.append(real(c)) or folded[-1])
     got = attention(q, view)
-    assert launches == {"split": len(view.parts), "reduce": 1}, launches
+    assert launches == {"split": len(view.parts) - any(folded), "reduce": 1}, launches
     assert got.dtype == q.dtype and got.shape == q.shape
     atol, rel = TOLERANCE[q.dtype]
     ke.assert_close(got.float(), _reference(q, view), atol=atol, rel_rms=rel, what=_id(case))
