@@ -36,6 +36,9 @@ def make_room(checked: list[Any]) -> list[Any]:
     0.077. At 12 body programs per SM (168 registers) one part program displaces two and
     the same change read 0.067 against 0.065: left as it was.
 
+    Where the parts fold into one launch (`folds`), the part's programs are the body
+    kernel's, and these counts still keep every program resident from the start.
+
     Why two splits, not one: one program per head walks the part's ~5 tiles alone, and
     where the body's programs are short that walk ends the call. H100, q4 (sweep of 1, 2,
     3, 5 part splits x 0-4 body splits given up, `benchmarks/fp16_part_plans.py`,
