@@ -45,13 +45,13 @@ def ring_part_split(q_ptr, part_o, part_m, part_l, fk, fv, b, h, prow0, length, 
     row_l: gl.constexpr = gl.SliceLayout(1, mma)
     col_l: gl.constexpr = gl.SliceLayout(0, mma)
     kl: gl.constexpr = gl.BlockedLayout([1, 8], [32 // LD, LD], [1, 1], [1, 0])  # [BF, D]
-    tl_: gl.constexpr = gl.BlockedLayout([8, 1], [LD, 32 // LD], [1, 1], [0, 1])  # [D, *]
+    dcol_l: gl.constexpr = gl.BlockedLayout([8, 1], [LD, 32 // LD], [1, 1], [0, 1])  # [D, *]
     DT: gl.constexpr = fk.dtype.element_ty
     n_rows = G * n_q
 
     # Q^T [D, 8]: column c is row c
-    qd = gl.arange(0, D, layout=gl.SliceLayout(1, tl_))
-    qc = gl.arange(0, NC, layout=gl.SliceLayout(0, tl_))
+    qd = gl.arange(0, D, layout=gl.SliceLayout(1, dcol_l))
+    qc = gl.arange(0, NC, layout=gl.SliceLayout(0, dcol_l))
     p_q = (q_ptr + b * s_qb + (h * G + qc % G).to(gl.int64)[None, :] * s_qh
            + (qc // G).to(gl.int64)[None, :] * s_ql + qd.to(gl.int64)[:, None] * s_qd)
     qt = gl.load(p_q, mask=(qc < n_rows)[None, :] & (qd < D)[:, None], other=0.0)
@@ -64,7 +64,7 @@ def ring_part_split(q_ptr, part_o, part_m, part_l, fk, fv, b, h, prow0, length, 
     p_fv = fv + b * s_fv_b + h * s_fv_h
     kr = gl.arange(0, BF, layout=gl.SliceLayout(1, kl))
     kd = gl.arange(0, D, layout=gl.SliceLayout(0, kl))
-    vr = gl.arange(0, BF, layout=gl.SliceLayout(0, tl_))
+    vr = gl.arange(0, BF, layout=gl.SliceLayout(0, dcol_l))
     mi = gl.arange(0, BF, layout=row_l)
     mc = gl.arange(0, NC, layout=col_l)
     q_pos = length - n_q + mc // G
