@@ -301,6 +301,47 @@ def test_parts_keep_their_splits_where_they_fit_or_were_not_measured(case):
     assert (ring.cfg.num_splits, body.cfg.num_splits) == (3, kw["body_splits"])
 
 
+def _fold_parts(spec="q4", **change):
+    """q4's planned parts as `launch_parts_decode` holds them (the body beside the fp16
+    part), a Gluon kernel taken to serve the body; `change`: one condition broken."""
+    from types import SimpleNamespace
+
+    q, view = _hybrid(spec, d=128, group=4, ctx=300, n_q=1)
+    lengths = torch.full((2,), 300, dtype=torch.int32)
+    ring, body = (SimpleNamespace(q=q, view=p.view, lengths=lengths, softcap=False,
+                                  qk_scale=0.125, masks=dict(min_dist=p.min_distance,
+                                                             min_key=p.min_key))
+                  for p in view.parts)
+    ring.cfg = _args("warp").cfg
+    body.cfg = _args("swap", pdl_beside=True).cfg
+    for key, value in change.items():
+        part, attr = key.split("_", 1)
+        setattr(ring if part == "ring" else body, attr, value)
+    return [ring, body]
+
+
+@pytest.mark.parametrize("change", [
+    {}, dict(body_cfg=_args("swap").cfg), dict(body_cfg=_args("warp", pdl_beside=True).cfg),
+    dict(body_softcap=True), dict(ring_lengths=None), dict(ring_qk_scale=0.2),
+    dict(ring_masks=dict(min_dist=3, min_key=0)), dict(ring_q=torch.zeros(2, 8, 1, 128)),
+], ids=["folds", "not-beside", "body-not-swap", "softcap", "other-lengths", "other-scale",
+        "ring-masked", "other-queries"])
+def test_parts_fold_only_where_the_fused_kernel_reads_both(change, monkeypatch):
+    """`folds`: q4's planned pair folds; each broken condition keeps two launches."""
+    monkeypatch.setattr(parts_plan, "gluon_swap_reason", lambda q, view: None)
+    assert parts_plan.folds(_fold_parts(**change)) == (not change)
+
+
+def test_parts_do_not_fold_when_switched_off_or_not_q4(monkeypatch):
+    monkeypatch.setattr(parts_plan, "gluon_swap_reason", lambda q, view: None)
+    monkeypatch.setattr(parts_plan, "FOLD", False)
+    assert not parts_plan.folds(_fold_parts())  # KVTAX_FOLD=0
+    monkeypatch.setattr(parts_plan, "FOLD", True)
+    assert not parts_plan.folds(_fold_parts("k4-c64v4@r64i8"))  # recent tokens in int8
+    monkeypatch.setattr(parts_plan, "gluon_swap_reason", lambda q, view: "no Gluon here")
+    assert not parts_plan.folds(_fold_parts())
+
+
 def test_a_short_part_reads_one_tile_per_split():
     """The fp16 part of a hybrid cache (a ring through its window) gets one split per
     tile it reads; the body keeps its own split count."""
