@@ -130,28 +130,31 @@ def launch_parts_decode(
     part = decode_workspace(q0, parts[0][1].num_kv_heads,
                             sum(a.cfg.num_splits for a in checked))
     if fold:  # one launch: the fp16 part's splits, then the body's
-        ring, body = checked
-        # launched as the fp16 part was (normally: `beside`); launched early, the body's
-        # 8-per-SM grid landed beside the kernel before it and the whole model's 128k step
-        # read 7.95 ms/token against 7.25 unfolded (H100, 2026-12-06, docs/KERNELS.md)
-        body.cfg = dataclasses.replace(body.cfg, pdl_beside=False,
-                                       pdl_launch=ring.cfg.pdl_launch)
-        # the Gluon kernel where it serves the body (as `folds` requires), else its twin
-        fn = _launch_swap_gluon if gluon_swap_reason(body.q, body.view) is None else \
-            _launch_swap_triton
-        fn(body, part, dict(split_base=ring.cfg.num_splits, splits_total=part[1].shape[1]),
-           ring=ring)
-        _reduce(part, out, q0, body.common["G"], dict(Lse=out, HAS_LSE=False))
-        return out
-    base = 0
-    for i, a in enumerate(checked):
-        _decode_splits(a, part, explicit=False, split_base=base)
-        if i < len(rotate_partials) and rotate_partials[i]:
-            seg = part[0][:, base:base + a.cfg.num_splits]
-            seg.copy_(rotate(seg))
-        base += a.cfg.num_splits
+        _launch_folded(*checked, part)
+    else:
+        base = 0
+        for i, a in enumerate(checked):
+            _decode_splits(a, part, explicit=False, split_base=base)
+            if i < len(rotate_partials) and rotate_partials[i]:
+                seg = part[0][:, base:base + a.cfg.num_splits]
+                seg.copy_(rotate(seg))
+            base += a.cfg.num_splits
     _reduce(part, out, q0, checked[0].common["G"], dict(Lse=out, HAS_LSE=False))
     return out
+
+
+def _launch_folded(ring: _Args, body: _Args, part: tuple) -> None:
+    """q4's two parts in one launch (`parts_plan.folds`): the swap kernel over the body,
+    the fp16 part's splits its first programs, at split slots `[0, ring's splits)`."""
+    # launched as the fp16 part was (normally: `beside`); launched early, the body's
+    # 8-per-SM grid landed beside the kernel before it and the whole model's 128k step
+    # read 7.95 ms/token against 7.25 unfolded (H100, 2026-12-06, docs/KERNELS.md)
+    body.cfg = dataclasses.replace(body.cfg, pdl_beside=False, pdl_launch=ring.cfg.pdl_launch)
+    # the Gluon kernel where it serves the body (as `folds` requires), else its twin
+    fn = _launch_swap_gluon if gluon_swap_reason(body.q, body.view) is None else \
+        _launch_swap_triton
+    fn(body, part, dict(split_base=ring.cfg.num_splits, splits_total=part[1].shape[1]),
+       ring=ring)
 
 
 def _checked_call(q, view, lengths, kv_start, out, lse,  # noqa: ANN001, ANN202
